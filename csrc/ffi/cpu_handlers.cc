@@ -1,0 +1,108 @@
+// XLA FFI handlers for the CPU platform: decode and validate everything (DecodeAndValidate), then run the
+// kernels of csrc/cpu/conv_cpu.h. Any problem is returned as an ffi::Error; nothing is written before the
+// buffers have been checked against the params.
+#include <cstring>
+#include <string>
+
+#include "cpu/conv_cpu.h"
+#include "ffi/ffi_common.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxconv {
+namespace {
+
+bool ToCpuDType(ffi::DataType t, cpu::DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = cpu::DType::kF32; return true;
+    case ffi::DataType::F64: *out = cpu::DType::kF64; return true;
+    case ffi::DataType::BF16: *out = cpu::DType::kBF16; return true;
+    case ffi::DataType::F16: *out = cpu::DType::kF16; return true;
+    default: return false;
+  }
+}
+
+// Bounds on the attribute values beyond DecodeParams' checks, so that no index arithmetic in the kernels can
+// overflow int64 (the buffer sizes themselves are bounded by the buffers XLA passes).
+ffi::Error CheckMagnitudes(Op op, const ConvParams& p) {
+  constexpr int64_t kMax = int64_t{1} << 40;
+  for (int d = 0; d < 3; ++d) {
+    const int64_t v[] = {p.stride[d], p.lhs_dil[d], p.rhs_dil[d], p.pad_lo[d] < 0 ? -p.pad_lo[d] : p.pad_lo[d],
+                         p.pad_hi[d] < 0 ? -p.pad_hi[d] : p.pad_hi[d]};
+    for (int64_t x : v) {
+      if (x > kMax) {
+        return ffi::Error::InvalidArgument(std::string(OpName(op)) +
+                                           ": stride/dilation/padding magnitude too large for the CPU kernels");
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error Prepare(Op op, ffi::Span<const int64_t> params, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                   const ffi::AnyBuffer* bias, const ffi::AnyBuffer& out, ConvParams* p, cpu::DType* in_t,
+                   cpu::DType* out_t) {
+  if (auto e = DecodeAndValidate(op, params, a, b, bias, out, p); e.failure()) return e;
+  if (auto e = CheckMagnitudes(op, *p); e.failure()) return e;
+  if (!ToCpuDType(a.element_type(), in_t) || !ToCpuDType(out.element_type(), out_t)) {
+    return ffi::Error::InvalidArgument(std::string(OpName(op)) + ": unsupported dtype");
+  }
+  if (p->poison[0] == 1 && out.size_bytes() > 0) std::memset(out.untyped_data(), 0xFF, out.size_bytes());
+  return ffi::Error::Success();
+}
+
+ffi::Error Finish(Op op, const std::string& err) {
+  if (err.empty()) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(OpName(op)) + ": " + err);
+}
+
+ffi::Error FwdCpu(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                  ffi::Span<const int64_t> params) {
+  ConvParams p;
+  cpu::DType in_t, out_t;
+  if (auto e = Prepare(Op::kFwd, params, x, w, &bias, *y, &p, &in_t, &out_t); e.failure()) return e;
+  return Finish(Op::kFwd, cpu::ConvFwd(p, in_t, x.untyped_data(), w.untyped_data(), out_t,
+                                       p.has_bias[0] ? bias.untyped_data() : nullptr, y->untyped_data()));
+}
+
+ffi::Error DgradCpu(ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> dx,
+                    ffi::Span<const int64_t> params) {
+  ConvParams p;
+  cpu::DType in_t, out_t;
+  if (auto e = Prepare(Op::kDgrad, params, dy, w, nullptr, *dx, &p, &in_t, &out_t); e.failure()) return e;
+  return Finish(Op::kDgrad,
+                cpu::ConvDgrad(p, in_t, dy.untyped_data(), w.untyped_data(), out_t, dx->untyped_data()));
+}
+
+ffi::Error WgradCpu(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dw,
+                    ffi::Span<const int64_t> params) {
+  ConvParams p;
+  cpu::DType in_t, out_t;
+  if (auto e = Prepare(Op::kWgrad, params, x, dy, nullptr, *dw, &p, &in_t, &out_t); e.failure()) return e;
+  return Finish(Op::kWgrad,
+                cpu::ConvWgrad(p, in_t, x.untyped_data(), dy.untyped_data(), out_t, dw->untyped_data()));
+}
+
+}  // namespace
+}  // namespace jaxconv
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxconvFwdCpu, jaxconv::FwdCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x
+                                  .Arg<xla::ffi::AnyBuffer>()  // w
+                                  .Arg<xla::ffi::AnyBuffer>()  // bias (k or 0 elements)
+                                  .Ret<xla::ffi::AnyBuffer>()  // y
+                                  .Attr<xla::ffi::Span<const int64_t>>("params"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxconvDgradCpu, jaxconv::DgradCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()  // dy
+                                  .Arg<xla::ffi::AnyBuffer>()  // w
+                                  .Ret<xla::ffi::AnyBuffer>()  // dx
+                                  .Attr<xla::ffi::Span<const int64_t>>("params"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxconvWgradCpu, jaxconv::WgradCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x
+                                  .Arg<xla::ffi::AnyBuffer>()  // dy
+                                  .Ret<xla::ffi::AnyBuffer>()  // dw
+                                  .Attr<xla::ffi::Span<const int64_t>>("params"));

@@ -1,0 +1,93 @@
+// pybind11 module jaxconv._jaxconv_native: the FFI handler capsules per platform, the ConvParams field list
+// (the single source of the packed attribute layout) and build information.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+#include "conv_params.h"
+#include "xla/ffi/api/api.h"
+
+#ifdef JAXCONV_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxconvFwdCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxconvDgradCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxconvWgradCpu);
+
+#ifdef JAXCONV_WITH_CUDA
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxconvFwdCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxconvDgradCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxconvWgradCuda);
+#endif
+
+#ifndef JAXCONV_CUDA_ARCHS
+#define JAXCONV_CUDA_ARCHS ""
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+py::capsule Capsule(T* fn) {
+  return py::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_jaxconv_native, m) {
+  m.doc() = "jaxconv native kernels: XLA FFI handlers for the CPU (and, when built with it, CUDA) platform";
+
+  m.def(
+      "registrations",
+      [] {
+        py::dict regs;
+        py::dict cpu;
+        cpu["jaxconv_fwd"] = Capsule(&JaxconvFwdCpu);
+        cpu["jaxconv_dgrad"] = Capsule(&JaxconvDgradCpu);
+        cpu["jaxconv_wgrad"] = Capsule(&JaxconvWgradCpu);
+        regs["cpu"] = cpu;
+#ifdef JAXCONV_WITH_CUDA
+        py::dict cuda;
+        cuda["jaxconv_fwd"] = Capsule(&JaxconvFwdCuda);
+        cuda["jaxconv_dgrad"] = Capsule(&JaxconvDgradCuda);
+        cuda["jaxconv_wgrad"] = Capsule(&JaxconvWgradCuda);
+        regs["CUDA"] = cuda;
+#endif
+        return regs;
+      },
+      "{platform: {target name: FFI handler capsule}} for jax.ffi.register_ffi_target (api_version=1).");
+
+  m.def(
+      "param_fields",
+      [] {
+        py::list fields;
+#define JAXCONV_LIST_FIELD(name, count) fields.append(py::make_tuple(#name, static_cast<int>(count)));
+        JAXCONV_PARAM_FIELDS(JAXCONV_LIST_FIELD)
+#undef JAXCONV_LIST_FIELD
+        return fields;
+      },
+      "[(name, count)] of the packed int64 `params` attribute, in order.");
+
+  m.def(
+      "build_info",
+      [] {
+        py::dict info;
+#ifdef JAXCONV_WITH_CUDA
+        info["cuda"] = true;
+        info["cuda_archs"] = std::string(JAXCONV_CUDA_ARCHS);
+        int version = 0;
+        // Reports the (statically linked) runtime's version; needs no driver or GPU.
+        if (cudaRuntimeGetVersion(&version) != cudaSuccess) version = 0;
+        info["cuda_runtime_version"] = version;
+#else
+        info["cuda"] = false;
+        info["cuda_archs"] = std::string();
+        info["cuda_runtime_version"] = 0;
+#endif
+        info["abi_version"] = static_cast<int64_t>(jaxconv::kParamsAbiVersion);
+        return info;
+      },
+      "dict(cuda, cuda_archs, cuda_runtime_version, abi_version).");
+}
