@@ -1,0 +1,123 @@
+// Shared by the CUDA kernel families: dtype conversions, the fwd epilogue (identical to the CPU one), tensor
+// strides derived from ConvParams, and the small host API (kernels.h) types. Device code only computes in f32
+// FMA (f64 for f64): no tensor cores, so HIGHEST is true FP32 and DEFAULT gets the same.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "conv_params.h"
+#include "cuda/kernels.h"
+
+namespace jaxconv {
+namespace cuda {
+
+template <class T> struct AccOf { using type = float; };
+template <> struct AccOf<double> { using type = double; };
+
+__device__ __forceinline__ float ToAcc(float v) { return v; }
+__device__ __forceinline__ double ToAcc(double v) { return v; }
+__device__ __forceinline__ float ToAcc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToAcc(__half v) { return __half2float(v); }
+
+template <class TO> __device__ __forceinline__ TO FromAcc(float v);
+template <> __device__ __forceinline__ float FromAcc<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half FromAcc<__half>(float v) { return __float2half_rn(v); }
+template <class TO> __device__ __forceinline__ TO FromAcc(double v);
+template <> __device__ __forceinline__ double FromAcc<double>(double v) { return v; }
+
+// y = act(v): relu propagates NaN (as jnp.maximum), gelu is the tanh approximation (jax.nn.gelu default),
+// silu = x * sigmoid(x).
+__device__ __forceinline__ float Activate(float v, int act) {
+  switch (act) {
+    case kActRelu: return v != v ? v : (v > 0.f ? v : 0.f);
+    case kActGelu: {
+      const float kS = 0.7978845608028654f;  // sqrt(2/pi)
+      return 0.5f * v * (1.f + tanhf(kS * (v + 0.044715f * v * v * v)));
+    }
+    case kActSilu: return v * (1.f / (1.f + expf(-v)));
+    default: return v;
+  }
+}
+__device__ __forceinline__ double Activate(double v, int act) {
+  switch (act) {
+    case kActRelu: return v != v ? v : (v > 0.0 ? v : 0.0);
+    case kActGelu: {
+      const double kS = 0.79788456080286535588;
+      return 0.5 * v * (1.0 + tanh(kS * (v + 0.044715 * v * v * v)));
+    }
+    case kActSilu: return v * (1.0 / (1.0 + exp(-v)));
+    default: return v;
+  }
+}
+
+// Element strides of the logical 5-d views x (N, C, D, H, W), w (K, Cg, D, H, W), y (Nb, K, OD, OH, OW) in the
+// params' layout: s[0] batch-or-K, s[1] channel, s[2..4] spatial.
+struct Strides5 { int64_t s[5]; };
+
+inline Strides5 ActStrides(int64_t n_unused, int64_t ch, const int64_t sp[3], bool channels_last) {
+  Strides5 r;
+  if (channels_last) {  // (N, D, H, W, C)
+    r.s[1] = 1;
+    r.s[4] = ch;
+    r.s[3] = sp[2] * ch;
+    r.s[2] = sp[1] * sp[2] * ch;
+    r.s[0] = sp[0] * sp[1] * sp[2] * ch;
+  } else {  // (N, C, D, H, W)
+    r.s[4] = 1;
+    r.s[3] = sp[2];
+    r.s[2] = sp[1] * sp[2];
+    r.s[1] = sp[0] * sp[1] * sp[2];
+    r.s[0] = ch * r.s[1];
+  }
+  return r;
+}
+inline Strides5 XStrides(const ConvParams& p) { return ActStrides(p.n[0], p.c[0], p.in, p.layout[0] == kChannelsLast); }
+inline Strides5 YStrides(const ConvParams& p) { return ActStrides(p.n[0] / p.batch_groups[0], p.k[0], p.out, p.layout[0] == kChannelsLast); }
+inline Strides5 WStrides(const ConvParams& p) {
+  const int64_t k = p.k[0], cg = p.c[0] / p.groups[0];
+  Strides5 r;
+  if (p.layout[0] == kChannelsLast) {  // (D, H, W, Cg, K)
+    r.s[0] = 1;
+    r.s[1] = k;
+    r.s[4] = cg * k;
+    r.s[3] = p.win[2] * cg * k;
+    r.s[2] = p.win[1] * p.win[2] * cg * k;
+  } else {  // (K, Cg, D, H, W)
+    r.s[4] = 1;
+    r.s[3] = p.win[2];
+    r.s[2] = p.win[1] * p.win[2];
+    r.s[1] = p.win[0] * p.win[1] * p.win[2];
+    r.s[0] = cg * r.s[1];
+  }
+  return r;
+}
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline unsigned GridX(int64_t tiles) {  // grid-stride loops cover the rest
+  const int64_t cap = 1 << 30;
+  return static_cast<unsigned>(tiles < 1 ? 1 : (tiles > cap ? cap : tiles));
+}
+
+// Expands BODY(T, TO) for the six supported (input, output) dtype pairs; returns cudaErrorInvalidValue for
+// any other pair (the handlers validated the pair before, so this is only a guard).
+#define JAXCONV_DTYPE_SWITCH(in_dt, out_dt, BODY)                                              \
+  do {                                                                                         \
+    using ::jaxconv::cuda::DT;                                                                 \
+    if ((in_dt) == DT::kF32 && (out_dt) == DT::kF32) { BODY(float, float); }                   \
+    else if ((in_dt) == DT::kF64 && (out_dt) == DT::kF64) { BODY(double, double); }            \
+    else if ((in_dt) == DT::kBF16 && (out_dt) == DT::kBF16) { BODY(__nv_bfloat16, __nv_bfloat16); } \
+    else if ((in_dt) == DT::kBF16 && (out_dt) == DT::kF32) { BODY(__nv_bfloat16, float); }     \
+    else if ((in_dt) == DT::kF16 && (out_dt) == DT::kF16) { BODY(__half, __half); }            \
+    else if ((in_dt) == DT::kF16 && (out_dt) == DT::kF32) { BODY(__half, float); }             \
+    else { return cudaErrorInvalidValue; }                                                     \
+  } while (0)
+
+inline size_t AccBytes(DT in) { return in == DT::kF64 ? 8 : 4; }
+
+}  // namespace cuda
+}  // namespace jaxconv

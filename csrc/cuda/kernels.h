@@ -1,0 +1,70 @@
+// Host-side API of the CUDA kernel families (plain C++; included by the FFI handlers and the .cu files).
+// Every launcher only enqueues work on `stream` (no allocation, no synchronisation) and returns the first CUDA
+// error (cudaGetLastError after each launch).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "conv_params.h"
+
+namespace jaxconv {
+namespace cuda {
+
+enum class DT { kF32, kF64, kBF16, kF16 };
+enum class CudaOp { kFwd, kDgrad, kWgrad };
+
+struct Status {
+  int code = 0;  // 0 ok, 1 invalid argument, 2 internal (CUDA error)
+  std::string msg;
+  bool ok() const { return code == 0; }
+};
+
+// ---- dispatch.cu: the one place that picks the algorithm ----
+// Resolves params.algorithm (0 = auto) for `op`; an explicit algorithm whose predicate fails gives code 1.
+Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo);
+// Scratch bytes the chosen algorithm needs (0: none). `sms` is the device's multiprocessor count.
+size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo, int sms);
+// Enqueues the op. a, b: operands in the op's order (fwd x, w; dgrad dy, w; wgrad x, dy); bias fwd only.
+Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
+               const void* bias, void* out_buf, void* scratch, size_t scratch_bytes, int sms,
+               cudaStream_t stream);
+
+// ---- predicates ----
+bool DepthwiseApplies(const ConvParams& p);
+bool Long1DApplies(const ConvParams& p);
+
+// ---- direct.cu: every configuration ----
+cudaError_t DirectFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
+                      cudaStream_t s);
+cudaError_t DirectDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx, cudaStream_t s);
+int64_t DirectWgradSplits(const ConvParams& p, DT in, int sms);  // 1: no scratch
+cudaError_t DirectWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
+                        int64_t splits, cudaStream_t s);
+
+// ---- depthwise.cu: groups == c == k, batch_groups == 1 ----
+cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
+                         cudaStream_t s);
+cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+                           cudaStream_t s);
+int64_t DepthwiseWgradSplits(const ConvParams& p, DT in, int sms);
+cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
+                           int64_t splits, cudaStream_t s);
+
+// ---- conv1d_long.cu: one spatial dim, stride/dilations 1, few channels, long window ----
+cudaError_t Long1DFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
+                      cudaStream_t s);
+cudaError_t Long1DDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx, cudaStream_t s);
+int64_t Long1DWgradSplits(const ConvParams& p, DT in, int sms);
+cudaError_t Long1DWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
+                        int64_t splits, cudaStream_t s);
+
+// ---- shared: out[e] = sum_{s < splits} scratch[s * count + e] in fixed order (direct.cu) ----
+cudaError_t ReduceSplits(DT in, DT out, const void* scratch, int64_t splits, int64_t count, void* dst,
+                         cudaStream_t s);
+
+}  // namespace cuda
+}  // namespace jaxconv
