@@ -1,0 +1,227 @@
+// One spatial dim, long window, few channels (e.g. 1,000,000 inputs x 2047 taps, C = K = 1).
+// Predicate (Long1DApplies): groups == batch_groups == 1, stride == lhs_dil == rhs_dil == 1, only the last
+// spatial dim non-trivial, 1 <= c <= 8, 1 <= k <= 8.
+// All three ops are the correlation  out[t] = sum_seg sum_r src_seg[t + r + beta] * v_seg[r]:
+//   fwd:   t = o, segments c,      src = x[n, c, .],  v = w[k, c, r],        beta = -pad_lo
+//   dgrad: t = i, segments kk,     src = dy[n, kk, .], v = w[kk, c, W-1-r],  beta = pad_lo - (W - 1)
+//          (dgrad of a stride-1 conv is a correlation of dy with the flipped filter)
+//   wgrad: t = tap, segments (n, o-range of a split), src = x[n, c, .], v = dy[n, k, r], beta = -pad_lo;
+//          splits write partial sums to scratch, ReduceSplits adds them in split order (deterministic).
+// A block owns 2048 consecutive outputs (256 threads x 8 consecutive outputs in registers); per 1024-long chunk of
+// r it stages the source window (2048 + 1024 + 8 values, bank-padded every 8) and the 1024 values of v in shared
+// memory; each thread slides a 16-value register window: 24 shared loads (8 of them broadcasts) per 64 FMAs.
+#include "cuda/common.cuh"
+
+namespace jaxconv {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPer = 8;                      // outputs per thread
+constexpr int kTile = kThreads * kPer;       // outputs per block
+constexpr int kChunk = 1024;                 // reduction values per stage
+constexpr int kWin = kTile + kChunk + 8;     // staged source values
+__host__ __device__ constexpr int Phys(int i) { return i + (i >> 3); }
+
+enum Mode : int { kModeFwd = 0, kModeDgrad = 1, kModeWgrad = 2 };
+
+struct LongArgs {
+  int mode, act, has_bias;
+  int64_t n, c, k, width, in, out;  // width = window taps
+  int64_t pad;
+  int64_t xN, xC, xS, yN, yC, yS, wK, wC, wF;
+  int64_t tlen, ttiles, splits, per_split, blocks, welems;
+};
+
+template <class T, class TO>
+__global__ void __launch_bounds__(kThreads) LongKernel(const LongArgs g, const T* __restrict__ a,
+                                                       const T* __restrict__ b, const TO* __restrict__ bias,
+                                                       TO* __restrict__ out, typename AccOf<T>::type* __restrict__ scratch) {
+  using Acc = typename AccOf<T>::type;
+  __shared__ Acc xs[Phys(kWin) + 1];
+  __shared__ __align__(16) Acc ws[kChunk];
+  const int tid = threadIdx.x;
+  for (int64_t blk = blockIdx.x; blk < g.blocks; blk += gridDim.x) {
+    int64_t rem = blk;
+    const int64_t split = rem % g.splits; rem /= g.splits;
+    const int64_t tt = rem % g.ttiles; rem /= g.ttiles;
+    // fwd: (n, k); dgrad: (n, c); wgrad: (k, c)
+    const int64_t id1 = rem % (g.mode == kModeFwd ? g.k : g.c);
+    const int64_t id0 = rem / (g.mode == kModeFwd ? g.k : g.c);
+    const int64_t t0 = tt * kTile;
+    Acc acc[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) acc[j] = Acc(0);
+
+    // segments
+    int64_t q_lo, q_hi;
+    if (g.mode == kModeFwd) { q_lo = 0; q_hi = g.c; }
+    else if (g.mode == kModeDgrad) { q_lo = 0; q_hi = g.k; }
+    else {
+      const int64_t rb = split * g.per_split, re = min(g.n * g.out, rb + g.per_split);
+      q_lo = g.out > 0 ? rb / g.out : 0;
+      q_hi = g.out > 0 ? (re + g.out - 1) / g.out : 0;
+      if (re <= rb) q_hi = q_lo;
+    }
+    for (int64_t q = q_lo; q < q_hi; ++q) {
+      const T* src; const T* v; int64_t sstride, slim, vstride, beta, ra, rb;
+      bool flip = false;
+      if (g.mode == kModeFwd) {  // id0 = n, id1 = k, q = c
+        src = a + id0 * g.xN + q * g.xC; sstride = g.xS; slim = g.in;
+        v = b + id1 * g.wK + q * g.wC; vstride = g.wF;
+        beta = -g.pad; ra = 0; rb = g.width;
+      } else if (g.mode == kModeDgrad) {  // a = dy, id0 = n, id1 = c, q = kk
+        src = a + id0 * g.yN + q * g.yC; sstride = g.yS; slim = g.out;
+        v = b + q * g.wK + id1 * g.wC; vstride = g.wF; flip = true;
+        beta = g.pad - (g.width - 1); ra = 0; rb = g.width;
+      } else {  // a = x, b = dy, id0 = k, id1 = c, q = n
+        src = a + q * g.xN + id1 * g.xC; sstride = g.xS; slim = g.in;
+        v = b + q * g.yN + id0 * g.yC; vstride = g.yS;
+        beta = -g.pad;
+        const int64_t sb = split * g.per_split - q * g.out, se = sb + g.per_split;
+        ra = sb > 0 ? sb : 0; rb = se < g.out ? se : g.out;
+      }
+      for (int64_t rc0 = ra; rc0 < rb; rc0 += kChunk) {
+        const int64_t rlen = (rb - rc0) < kChunk ? (rb - rc0) : int64_t(kChunk);
+        __syncthreads();  // previous stage fully consumed
+        const int64_t base = t0 + rc0 + beta;
+        for (int i = tid; i < kWin; i += kThreads) {
+          const int64_t pos = base + i;
+          xs[Phys(i)] = (pos >= 0 && pos < slim) ? ToAcc(src[pos * sstride]) : Acc(0);
+        }
+        for (int i = tid; i < kChunk; i += kThreads) {
+          Acc val = Acc(0);
+          if (i < rlen) {
+            const int64_t r = rc0 + i;
+            val = ToAcc(v[(flip ? (g.width - 1 - r) : r) * vstride]);
+          }
+          ws[i] = val;
+        }
+        __syncthreads();
+        const int rsteps = static_cast<int>((rlen + 7) / 8);
+        const int tb = tid * kPer;
+        for (int rs = 0; rs < rsteps; ++rs) {
+          const int r = rs * 8;
+          Acc xr[16], wr[8];
+#pragma unroll
+          for (int m = 0; m < 16; ++m) xr[m] = xs[Phys(tb + r + m)];
+#pragma unroll
+          for (int m = 0; m < 8; ++m) wr[m] = ws[r + m];
+#pragma unroll
+          for (int rr = 0; rr < 8; ++rr)
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) acc[j] = fma(xr[j + rr], wr[rr], acc[j]);
+        }
+      }
+    }
+    // epilogue
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t t = t0 + tid * kPer + j;
+      if (t >= g.tlen) continue;
+      if (g.mode == kModeFwd) {
+        Acc val = acc[j];
+        if (g.has_bias) val += ToAcc(bias[id1]);
+        val = Activate(val, g.act);
+        out[id0 * g.yN + id1 * g.yC + t * g.yS] = FromAcc<TO>(val);
+      } else if (g.mode == kModeDgrad) {
+        out[id0 * g.xN + id1 * g.xC + t * g.xS] = FromAcc<TO>(acc[j]);
+      } else {
+        const int64_t off = id0 * g.wK + id1 * g.wC + t * g.wF;
+        if (g.splits == 1) out[off] = FromAcc<TO>(acc[j]);
+        else scratch[split * g.welems + off] = acc[j];
+      }
+    }
+  }
+}
+
+LongArgs MakeLongArgs(const ConvParams& p, int mode) {
+  const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
+  LongArgs g{};
+  g.mode = mode;
+  g.act = mode == kModeFwd ? static_cast<int>(p.activation[0]) : kActNone;
+  g.has_bias = mode == kModeFwd ? static_cast<int>(p.has_bias[0]) : 0;
+  g.n = p.n[0]; g.c = p.c[0]; g.k = p.k[0];
+  g.width = p.win[2]; g.in = p.in[2]; g.out = p.out[2]; g.pad = p.pad_lo[2];
+  g.xN = xs.s[0]; g.xC = xs.s[1]; g.xS = xs.s[4];
+  g.yN = ys.s[0]; g.yC = ys.s[1]; g.yS = ys.s[4];
+  g.wK = ws.s[0]; g.wC = ws.s[1]; g.wF = ws.s[4];
+  g.tlen = mode == kModeFwd ? g.out : mode == kModeDgrad ? g.in : g.width;
+  g.ttiles = CeilDiv(g.tlen, kTile);
+  g.splits = 1;
+  g.per_split = 0;
+  g.welems = WElements(p);
+  return g;
+}
+
+template <class T, class TO>
+cudaError_t LaunchLong(const LongArgs& g, const void* a, const void* b, const void* bias, void* out, void* scratch,
+                       cudaStream_t s) {
+  if (g.blocks <= 0) return cudaSuccess;
+  LongKernel<T, TO><<<GridX(g.blocks), kThreads, 0, s>>>(g, static_cast<const T*>(a), static_cast<const T*>(b),
+                                                         static_cast<const TO*>(bias), static_cast<TO*>(out),
+                                                         static_cast<typename AccOf<T>::type*>(scratch));
+  return cudaGetLastError();
+}
+
+cudaError_t RunLong(const LongArgs& g, DT in, DT out, const void* a, const void* b, const void* bias, void* o,
+                    void* scratch, cudaStream_t s) {
+#define JAXCONV_BODY(T, TO) return LaunchLong<T, TO>(g, a, b, bias, o, scratch, s)
+  JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
+#undef JAXCONV_BODY
+}
+
+}  // namespace
+
+bool Long1DApplies(const ConvParams& p) {
+  if (p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
+  if (p.c[0] < 1 || p.c[0] > 8 || p.k[0] < 1 || p.k[0] > 8) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (p.stride[d] != 1 || p.lhs_dil[d] != 1 || p.rhs_dil[d] != 1) return false;
+  }
+  for (int d = 0; d < 2; ++d) {
+    if (p.in[d] != 1 || p.win[d] != 1 || p.out[d] != 1) return false;
+  }
+  return true;
+}
+
+cudaError_t Long1DFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
+                      cudaStream_t s) {
+  LongArgs g = MakeLongArgs(p, kModeFwd);
+  g.blocks = g.n * g.k * g.ttiles;
+  return RunLong(g, in, out, x, w, bias, y, nullptr, s);
+}
+
+cudaError_t Long1DDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx, cudaStream_t s) {
+  LongArgs g = MakeLongArgs(p, kModeDgrad);
+  g.blocks = g.n * g.c * g.ttiles;
+  return RunLong(g, in, out, dy, w, nullptr, dx, nullptr, s);
+}
+
+int64_t Long1DWgradSplits(const ConvParams& p, DT in, int sms) {
+  const LongArgs g = MakeLongArgs(p, kModeWgrad);
+  const int64_t base = g.k * g.c * g.ttiles;
+  const int64_t R = g.n * g.out;
+  if (base <= 0 || R <= 0) return 1;
+  int64_t splits = CeilDiv(4 * static_cast<int64_t>(sms > 0 ? sms : 132), base);
+  splits = std::min<int64_t>(splits, R / 4096);  // >= 4096 reduction values per split
+  splits = std::min<int64_t>(splits, 4096);
+  const int64_t per = g.welems * static_cast<int64_t>(AccBytes(in));
+  if (per > 0) splits = std::min<int64_t>(splits, (int64_t(1) << 29) / per);
+  return splits < 2 ? 1 : splits;
+}
+
+cudaError_t Long1DWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
+                        int64_t splits, cudaStream_t s) {
+  LongArgs g = MakeLongArgs(p, kModeWgrad);
+  if (g.welems <= 0) return cudaSuccess;
+  g.splits = splits < 1 ? 1 : splits;
+  g.per_split = std::max<int64_t>(1, CeilDiv(g.n * g.out, g.splits));
+  g.blocks = g.k * g.c * g.ttiles * g.splits;
+  if (cudaError_t e = RunLong(g, in, out, x, dy, nullptr, dw, scratch, s); e != cudaSuccess) return e;
+  if (g.splits > 1) return ReduceSplits(in, out, scratch, g.splits, g.welems, dw, s);
+  return cudaSuccess;
+}
+
+}  // namespace cuda
+}  // namespace jaxconv
