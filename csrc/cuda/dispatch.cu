@@ -1,0 +1,92 @@
+// The one place that picks the algorithm for an op and routes to the kernel family.
+#include "cuda/common.cuh"
+
+namespace jaxconv {
+namespace cuda {
+
+namespace {
+// Auto prefers the specialised kernels only where they are expected to win.
+bool AutoLong1D(const ConvParams& p) { return Long1DApplies(p) && p.win[2] >= 64; }
+}  // namespace
+
+Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo) {
+  const int64_t want = p.algorithm[0];
+  Status st;
+  switch (want) {
+    case kAlgoAuto:
+      *algo = DepthwiseApplies(p) ? kAlgoDepthwise : AutoLong1D(p) ? kAlgoLong1D : kAlgoDirect;
+      return st;
+    case kAlgoDirect: *algo = kAlgoDirect; return st;
+    case kAlgoDepthwise:
+      if (!DepthwiseApplies(p)) {
+        st.code = 1;
+        st.msg = "algorithm=depthwise requires groups == c == k and batch_groups == 1";
+        return st;
+      }
+      *algo = kAlgoDepthwise;
+      return st;
+    case kAlgoLong1D:
+      if (!Long1DApplies(p)) {
+        st.code = 1;
+        st.msg = "algorithm=long1d requires one spatial dim, stride, lhs and rhs dilation 1, groups == "
+                 "batch_groups == 1 and 1 <= c, k <= 8";
+        return st;
+      }
+      *algo = kAlgoLong1D;
+      return st;
+    default:
+      st.code = 1;
+      st.msg = "unknown algorithm " + std::to_string(want);
+      return st;
+  }
+}
+
+size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo, int sms) {
+  if (op != CudaOp::kWgrad) return 0;
+  int64_t splits = 1;
+  switch (algo) {
+    case kAlgoDepthwise: splits = DepthwiseWgradSplits(p, in, sms); break;
+    case kAlgoLong1D: splits = Long1DWgradSplits(p, in, sms); break;
+    default: splits = DirectWgradSplits(p, in, sms); break;
+  }
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(splits) * static_cast<size_t>(WElements(p)) * AccBytes(in);
+}
+
+Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
+               const void* bias, void* out_buf, void* scratch, size_t scratch_bytes, int sms, cudaStream_t stream) {
+  Status st;
+  cudaError_t e = cudaSuccess;
+  switch (op) {
+    case CudaOp::kFwd:
+      e = algo == kAlgoDepthwise ? DepthwiseFwd(p, in, out, a, b, bias, out_buf, stream)
+          : algo == kAlgoLong1D  ? Long1DFwd(p, in, out, a, b, bias, out_buf, stream)
+                                 : DirectFwd(p, in, out, a, b, bias, out_buf, stream);
+      break;
+    case CudaOp::kDgrad:
+      e = algo == kAlgoDepthwise ? DepthwiseDgrad(p, in, out, a, b, out_buf, stream)
+          : algo == kAlgoLong1D  ? Long1DDgrad(p, in, out, a, b, out_buf, stream)
+                                 : DirectDgrad(p, in, out, a, b, out_buf, stream);
+      break;
+    case CudaOp::kWgrad: {
+      // Same split count as ScratchBytes computed; fall back to no split if the scratch is missing/short.
+      int64_t splits = algo == kAlgoDepthwise ? DepthwiseWgradSplits(p, in, sms)
+                       : algo == kAlgoLong1D  ? Long1DWgradSplits(p, in, sms)
+                                              : DirectWgradSplits(p, in, sms);
+      const size_t need = splits > 1 ? static_cast<size_t>(splits) * WElements(p) * AccBytes(in) : 0;
+      if (scratch == nullptr || scratch_bytes < need) splits = 1;
+      e = algo == kAlgoDepthwise ? DepthwiseWgrad(p, in, out, a, b, out_buf, scratch, splits, stream)
+          : algo == kAlgoLong1D  ? Long1DWgrad(p, in, out, a, b, out_buf, scratch, splits, stream)
+                                 : DirectWgrad(p, in, out, a, b, out_buf, scratch, splits, stream);
+      break;
+    }
+  }
+  if (e != cudaSuccess) {
+    st.code = 2;
+    st.msg = std::string("CUDA error: ") + cudaGetErrorString(e);
+  }
+  return st;
+}
+
+}  // namespace cuda
+}  // namespace jaxconv
