@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(kThreads) GemmFwdDgradKernel(const GemmArgs g,
         pos_base[0][i] = pos_base[1][i] = pos_base[2][i] = 0;
       }
     }
+    __syncthreads();  // the epilogue reads pos_o even when the reduction is empty
     Acc acc[4][4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
@@ -260,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) WgradKernel(const WgradArgs g, co
         col_g[0][c] = col_g[1][c] = col_g[2][c] = 0;
       }
     }
+    __syncthreads();  // the epilogue reads col_w even when this split has no chunks
     Acc acc[4][4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
