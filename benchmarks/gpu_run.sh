@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One visit to a GPU machine, in one call: build the CUDA kernels, run the whole test suite on the GPU, run
+# the compute-sanitizer subset, run the benchmarks. Full logs go to $OUT (default ./gpu-out); a short table
+# is printed last.
+#
+#   bash benchmarks/gpu_run.sh                 # everything
+#   bash benchmarks/gpu_run.sh tests sanitize  # a subset of: build tests sanitize bench
+#
+# Environment: JAXCONV_CUDA_ARCHS (default 90a), JAXCONV_FUZZ_CASES (default 300 per dtype),
+# BENCH_ARGS (extra arguments for python -m jaxconv.bench), PYTEST_ARGS (extra pytest arguments).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+steps=${*:-build tests sanitize bench}
+declare -a rows
+stamp() { date -u +%H:%M:%S; }
+row() { rows+=("$(printf '%-10s %-8s %s' "$1" "$2" "$3")"); echo "[$(stamp)] $1: $2 $3"; }
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+uncommitted changes)')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+  $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__)"
+  nvcc --version | tail -1
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+if [[ " $steps " == *" build "* ]]; then
+  t0=$(date +%s)
+  if JAXCONV_CUDA=ON JAXCONV_CUDA_ARCHS=${JAXCONV_CUDA_ARCHS:-90a} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+      $PY -m pip install --no-build-isolation --no-deps -v -e . -C build-dir=build/gpu > "$OUT/build.log" 2>&1; then
+    row build ok "$(( $(date +%s) - t0 )) s; $($PY -c 'import jaxconv; print(jaxconv.build_info())')"
+  else
+    row build FAILED "see build.log"; tail -40 "$OUT/build.log"; steps=""
+  fi
+fi
+
+if [[ " $steps " == *" tests "* ]]; then
+  t0=$(date +%s)
+  JAXCONV_FUZZ_CASES=${JAXCONV_FUZZ_CASES:-300} $PY -m pytest -q -rs -p no:cacheprovider tests \
+      --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
+  rc=$?
+  row tests "$([ $rc = 0 ] && echo ok || echo FAILED)" "$(tail -1 "$OUT/tests.log") ($(( $(date +%s) - t0 )) s)"
+  [ $rc = 0 ] || grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
+fi
+
+if [[ " $steps " == *" sanitize "* ]]; then
+  for tool in memcheck racecheck initcheck; do
+    t0=$(date +%s)
+    # Only jaxconv's kernels are instrumented (kns: kernel-name substring); command buffers off so every
+    # launch is a plain one the tool can follow.
+    XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+      compute-sanitizer --tool "$tool" --kernel-name kns=jaxconv --error-exitcode 86 \
+      $PY benchmarks/sanitizer_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+    rc=$?
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)
+    row "$tool" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${summary:-no summary} rc=$rc ($(( $(date +%s) - t0 )) s)"
+    [ $rc = 0 ] || tail -25 "$OUT/sanitize_$tool.log"
+  done
+fi
+
+if [[ " $steps " == *" bench "* ]]; then
+  t0=$(date +%s)
+  $PY -m jaxconv.bench --out "$OUT/bench" ${BENCH_ARGS:---suite benchmarks/suite.json} > "$OUT/bench.log" 2>&1
+  rc=$?
+  row bench "$([ $rc = 0 ] && echo ok || echo FAILED)" "($(( $(date +%s) - t0 )) s) see bench/"
+  [ $rc = 0 ] || tail -20 "$OUT/bench.log"
+  ls "$OUT/bench"/*.md >/dev/null 2>&1 && cat "$OUT"/bench/*.md | head -80
+fi
+
+echo
+echo "==================== summary ===================="
+cat "$OUT/env.txt"
+printf '%s\n' "${rows[@]}"

@@ -1,0 +1,85 @@
+"""Small convolutions that reach every CUDA kernel family and op, for compute-sanitizer runs.
+
+Run under `compute-sanitizer --tool {memcheck,racecheck,initcheck}`; exits non-zero if any result is wrong
+(references are computed on the CPU backend so the sanitizer sees only GPU work that jaxconv launched, plus
+XLA's own small kernels). Debug poison is on: outputs start as NaN, so an unwritten element fails the check.
+"""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxconv
+
+jaxconv.set_debug_poison(True)
+CPU = jax.devices("cpu")[0]
+GPU = jax.devices()[0]
+
+# (name, nspatial, x shape (channels-last), window, C->K, groups, stride, dilation, padding, algorithm)
+CASES = [
+    ("direct 2d", 2, (2, 13, 11, 5), (3, 3), 7, 1, (2, 1), (1, 2), "SAME", "direct"),
+    ("direct 3d grouped", 3, (1, 5, 6, 7, 4), (2, 3, 2), 6, 2, (1, 2, 1), (1, 1, 1), "VALID", "direct"),
+    ("direct 1d", 1, (3, 37, 3), (5,), 4, 1, (3,), (2,), ((4, -1),), "direct"),
+    ("depthwise 2d", 2, (2, 17, 19, 8), (3, 3), 8, 8, (1, 1), (1, 1), "SAME", "depthwise"),
+    ("depthwise 2d strided", 2, (1, 16, 15, 6), (7, 7), 6, 6, (2, 2), (1, 1), "SAME", "depthwise"),
+    ("long 1d", 1, (2, 3001, 1), (257,), 1, 1, (1,), (1,), "SAME", "long1d"),
+    ("auto 2d", 2, (2, 12, 12, 3), (3, 3), 16, 1, (1, 1), (2, 2), "SAME", "auto"),
+]
+
+
+def run_case(name, nsp, xshape, window, k, groups, stride, dilation, padding, algorithm, dtype):
+  rng = np.random.default_rng(0)
+  c = xshape[-1]
+  x = rng.standard_normal(xshape).astype(np.float32)
+  w = rng.standard_normal((*window, c // groups, k)).astype(np.float32) / np.sqrt(c * np.prod(window))
+  b = rng.standard_normal(k).astype(np.float32)
+  conv = {1: jaxconv.conv1d, 2: jaxconv.conv2d, 3: jaxconv.conv3d}[nsp]
+
+  def f(x, w, b):
+    return conv(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                activation="gelu", algorithm=algorithm, precision="highest")
+
+  def ref(x, w, b):  # lax on the CPU, float32 HIGHEST
+    nd = nsp + 2
+    dn = jax.lax.ConvDimensionNumbers((0, nd - 1, *range(1, nd - 1)), (nd - 1, nd - 2, *range(nd - 2)),
+                                      (0, nd - 1, *range(1, nd - 1)))
+    y = jax.lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation, dimension_numbers=dn,
+                                     feature_group_count=groups, precision="highest")
+    return jax.nn.gelu(y + b, approximate=True)
+
+  def both(fn):
+    loss = lambda x, w, b: jnp.sum(jnp.sin(fn(x, w, b).astype(jnp.float32)))
+    return lambda x, w, b: (fn(x, w, b), jax.grad(loss, (0, 1, 2))(x, w, b))
+
+  args = [jnp.asarray(a, dtype) for a in (x, w)] + [jnp.asarray(b, dtype)]
+  got = jax.jit(both(f))(*[jax.device_put(a, GPU) for a in args])
+  want = jax.jit(both(ref))(*[jax.device_put(a.astype(jnp.float32), CPU) for a in args])
+  tol = 1e-4 if dtype == jnp.float32 else 3e-2
+  worst = 0.0
+  leaves = list(zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+  if dtype != jnp.float32:
+    # The bias gradient is XLA's own reduction of a bf16 cotangent (ill-conditioned for lax too): the
+    # kernels' outputs are y, dx and dw.
+    leaves = leaves[:3]
+  for g, r in leaves:
+    g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
+    err = np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30)
+    worst = max(worst, err if np.all(np.isfinite(g)) else np.inf)
+  ok = worst <= tol
+  print(f"{'ok ' if ok else 'BAD'} {name:24s} {jnp.dtype(dtype).name:8s} rel.err {worst:.2e}", flush=True)
+  return ok
+
+
+def main():
+  ok = True
+  for case in CASES:
+    for dtype in (jnp.float32, jnp.bfloat16):
+      ok &= run_case(*case, dtype)
+  print("sanitizer cases:", "all correct" if ok else "WRONG RESULTS")
+  sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+  main()
