@@ -30,6 +30,20 @@ template <> __device__ __forceinline__ __half FromAcc<__half>(float v) { return 
 template <class TO> __device__ __forceinline__ TO FromAcc(double v);
 template <> __device__ __forceinline__ double FromAcc<double>(double v) { return v; }
 
+// a / b for a >= 0, b > 0 without the 64-bit division subroutine call (whose ABI register saves show up as a
+// stack frame): a 32-bit division when both fit, else an inline shift-subtract loop (rare: huge tensors).
+__device__ __forceinline__ int64_t DivNN(int64_t a, int64_t b) {
+  if (((a | b) >> 31) == 0) return static_cast<int64_t>(static_cast<uint32_t>(a) / static_cast<uint32_t>(b));
+  const uint64_t ua = static_cast<uint64_t>(a), ub = static_cast<uint64_t>(b);
+  uint64_t q = 0, r = 0;
+#pragma unroll 1
+  for (int i = 63; i >= 0; --i) {
+    r = (r << 1) | ((ua >> i) & 1u);
+    if (r >= ub) { r -= ub; q |= uint64_t(1) << i; }
+  }
+  return static_cast<int64_t>(q);
+}
+
 // y = act(v): relu propagates NaN (as jnp.maximum), gelu is the tanh approximation (jax.nn.gelu default),
 // silu = x * sigmoid(x).
 __device__ __forceinline__ float Activate(float v, int act) {

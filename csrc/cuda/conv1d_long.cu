@@ -42,12 +42,15 @@ __global__ void __launch_bounds__(kThreads) LongKernel(const LongArgs g, const T
   __shared__ __align__(16) Acc ws[kChunk];
   const int tid = threadIdx.x;
   for (int64_t blk = blockIdx.x; blk < g.blocks; blk += gridDim.x) {
-    int64_t rem = blk;
-    const int64_t split = rem % g.splits; rem /= g.splits;
-    const int64_t tt = rem % g.ttiles; rem /= g.ttiles;
+    int64_t rem = blk, qq;
+    qq = DivNN(rem, g.splits);
+    const int64_t split = rem - qq * g.splits; rem = qq;
+    qq = DivNN(rem, g.ttiles);
+    const int64_t tt = rem - qq * g.ttiles; rem = qq;
     // fwd: (n, k); dgrad: (n, c); wgrad: (k, c)
-    const int64_t id1 = rem % (g.mode == kModeFwd ? g.k : g.c);
-    const int64_t id0 = rem / (g.mode == kModeFwd ? g.k : g.c);
+    const int64_t nid1 = g.mode == kModeFwd ? g.k : g.c;
+    const int64_t id0 = DivNN(rem, nid1);
+    const int64_t id1 = rem - id0 * nid1;
     const int64_t t0 = tt * kTile;
     Acc acc[kPer];
 #pragma unroll
@@ -59,8 +62,8 @@ __global__ void __launch_bounds__(kThreads) LongKernel(const LongArgs g, const T
     else if (g.mode == kModeDgrad) { q_lo = 0; q_hi = g.k; }
     else {
       const int64_t rb = split * g.per_split, re = min(g.n * g.out, rb + g.per_split);
-      q_lo = g.out > 0 ? rb / g.out : 0;
-      q_hi = g.out > 0 ? (re + g.out - 1) / g.out : 0;
+      q_lo = g.out > 0 ? DivNN(rb, g.out) : 0;
+      q_hi = g.out > 0 ? DivNN(re + g.out - 1, g.out) : 0;
       if (re <= rb) q_hi = q_lo;
     }
     for (int64_t q = q_lo; q < q_hi; ++q) {

@@ -123,34 +123,34 @@ __global__ void __launch_bounds__(kThreads) DwGenericKernel(const DwArgs g, cons
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
     int64_t rem = e, c, t[3], n;
     if (g.cl) {
-      c = rem % g.c; rem /= g.c;
-      t[2] = rem % g.tsp[2]; rem /= g.tsp[2];
-      t[1] = rem % g.tsp[1]; rem /= g.tsp[1];
-      t[0] = rem % g.tsp[0]; rem /= g.tsp[0];
+      { const int64_t q_ = DivNN(rem, g.c); c = rem - q_ * (g.c); rem = q_; }
+      { const int64_t q_ = DivNN(rem, g.tsp[2]); t[2] = rem - q_ * (g.tsp[2]); rem = q_; }
+      { const int64_t q_ = DivNN(rem, g.tsp[1]); t[1] = rem - q_ * (g.tsp[1]); rem = q_; }
+      { const int64_t q_ = DivNN(rem, g.tsp[0]); t[0] = rem - q_ * (g.tsp[0]); rem = q_; }
       n = rem;
     } else {
-      t[2] = rem % g.tsp[2]; rem /= g.tsp[2];
-      t[1] = rem % g.tsp[1]; rem /= g.tsp[1];
-      t[0] = rem % g.tsp[0]; rem /= g.tsp[0];
-      c = rem % g.c; rem /= g.c;
+      { const int64_t q_ = DivNN(rem, g.tsp[2]); t[2] = rem - q_ * (g.tsp[2]); rem = q_; }
+      { const int64_t q_ = DivNN(rem, g.tsp[1]); t[1] = rem - q_ * (g.tsp[1]); rem = q_; }
+      { const int64_t q_ = DivNN(rem, g.tsp[0]); t[0] = rem - q_ * (g.tsp[0]); rem = q_; }
+      { const int64_t q_ = DivNN(rem, g.c); c = rem - q_ * (g.c); rem = q_; }
       n = rem;
     }
     Acc acc = Acc(0);
     const int64_t sbase = n * g.sN + c * g.sC;
     for (int64_t f0 = 0; f0 < g.taps[0]; ++f0) {
       int64_t q0 = t[0] * g.alpha[0] + g.beta[0] + f0 * g.gamma[0];
-      if (q0 < 0 || q0 % g.delta[0] != 0) continue;
-      q0 /= g.delta[0];
+      if (q0 < 0) continue;
+      { const int64_t d_ = DivNN(q0, g.delta[0]); if (d_ * g.delta[0] != q0) continue; q0 = d_; }
       if (q0 >= g.lim[0]) continue;
       for (int64_t f1 = 0; f1 < g.taps[1]; ++f1) {
         int64_t q1 = t[1] * g.alpha[1] + g.beta[1] + f1 * g.gamma[1];
-        if (q1 < 0 || q1 % g.delta[1] != 0) continue;
-        q1 /= g.delta[1];
+        if (q1 < 0) continue;
+        { const int64_t d_ = DivNN(q1, g.delta[1]); if (d_ * g.delta[1] != q1) continue; q1 = d_; }
         if (q1 >= g.lim[1]) continue;
         for (int64_t f2 = 0; f2 < g.taps[2]; ++f2) {
           int64_t q2 = t[2] * g.alpha[2] + g.beta[2] + f2 * g.gamma[2];
-          if (q2 < 0 || q2 % g.delta[2] != 0) continue;
-          q2 /= g.delta[2];
+          if (q2 < 0) continue;
+          { const int64_t d_ = DivNN(q2, g.delta[2]); if (d_ * g.delta[2] != q2) continue; q2 = d_; }
           if (q2 >= g.lim[2]) continue;
           acc = fma(ToAcc(src[sbase + q0 * g.sS[0] + q1 * g.sS[1] + q2 * g.sS[2]]),
                     ToAcc(w[c * g.wC + f0 * g.wF[0] + f1 * g.wF[1] + f2 * g.wF[2]]), acc);
@@ -227,20 +227,20 @@ __global__ void __launch_bounds__(kThreads) DwWgradKernel(const DwWgradArgs g, c
   const int lanes = kThreads / cth;
   const int cl_ = tid % cth, lane = tid / cth;
   for (int64_t b = blockIdx.x; b < g.blocks; b += gridDim.x) {
-    const int64_t split = b % g.splits;
-    const int64_t tap = (b / g.splits) % g.ntaps;
-    const int64_t ct = b / (g.splits * g.ntaps);
+    const int64_t bq = DivNN(b, g.splits), split = b - bq * g.splits;
+    const int64_t ct = DivNN(bq, g.ntaps), tap = bq - ct * g.ntaps;
     const int64_t c = ct * cth + cl_;
-    const int64_t f2 = tap % g.taps[2], f1 = (tap / g.taps[2]) % g.taps[1], f0 = tap / (g.taps[2] * g.taps[1]);
+    const int64_t t12 = DivNN(tap, g.taps[2]), f2 = tap - t12 * g.taps[2];
+    const int64_t f0 = DivNN(t12, g.taps[1]), f1 = t12 - f0 * g.taps[1];
     const int64_t fo[3] = {f0 * g.rdil[0] - g.pad[0], f1 * g.rdil[1] - g.pad[1], f2 * g.rdil[2] - g.pad[2]};
     const int64_t r_begin = split * g.per_split;
     const int64_t r_end = min(g.rtotal, r_begin + g.per_split);
     Acc acc = Acc(0);
     if (c < g.c && r_begin + lane < r_end) {
       int64_t rem = r_begin + lane;
-      int64_t o2 = rem % g.osp[2]; rem /= g.osp[2];
-      int64_t o1 = rem % g.osp[1]; rem /= g.osp[1];
-      int64_t o0 = rem % g.osp[0]; rem /= g.osp[0];
+      int64_t o2; { const int64_t q_ = DivNN(rem, g.osp[2]); o2 = rem - q_ * g.osp[2]; rem = q_; }
+      int64_t o1; { const int64_t q_ = DivNN(rem, g.osp[1]); o1 = rem - q_ * g.osp[1]; rem = q_; }
+      int64_t o0; { const int64_t q_ = DivNN(rem, g.osp[0]); o0 = rem - q_ * g.osp[0]; rem = q_; }
       int64_t n = rem;
       for (int64_t r = r_begin + lane; r < r_end; r += lanes) {
         int64_t q[3] = {o0 * g.stride[0] + fo[0], o1 * g.stride[1] + fo[1], o2 * g.stride[2] + fo[2]};
@@ -250,8 +250,9 @@ __global__ void __launch_bounds__(kThreads) DwWgradKernel(const DwWgradArgs g, c
         for (int d = 0; d < 3; ++d) {
           int64_t qd = q[d];
           if (g.ldil[d] != 1) {
-            ok = ok && qd >= 0 && qd % g.ldil[d] == 0;
-            qd = qd >= 0 ? qd / g.ldil[d] : -1;
+            const int64_t dq = qd >= 0 ? DivNN(qd, g.ldil[d]) : -1;
+            ok = ok && qd >= 0 && dq * g.ldil[d] == qd;
+            qd = dq;
           }
           ok = ok && qd >= 0 && qd < g.in[d];
           xo += qd * g.xS[d];

@@ -115,8 +115,9 @@ __global__ void __launch_bounds__(kThreads) GemmFwdDgradKernel(const GemmArgs g,
           for (int d = 0; d < 3; ++d) {
             int64_t qd = pos_base[d][i] + row_g[d][j];
             if (g.any_delta && g.delta[d] != 1) {
-              ok = ok && qd >= 0 && (qd % g.delta[d]) == 0;
-              qd = qd >= 0 ? qd / g.delta[d] : -1;
+              const int64_t dq = qd >= 0 ? DivNN(qd, g.delta[d]) : -1;
+              ok = ok && qd >= 0 && dq * g.delta[d] == qd;
+              qd = dq;
             }
             ok = ok && qd >= 0 && qd < g.lim[d];
             off += qd * g.aS[d];
@@ -315,8 +316,9 @@ __global__ void __launch_bounds__(kThreads, 1) WgradKernel(const WgradArgs g, co
           for (int d = 0; d < 3; ++d) {
             int64_t qd = red_base[d][j] + col_g[d][c];
             if (g.any_ldil && g.ldil[d] != 1) {
-              ok = ok && qd >= 0 && (qd % g.ldil[d]) == 0;
-              qd = qd >= 0 ? qd / g.ldil[d] : -1;
+              const int64_t dq = qd >= 0 ? DivNN(qd, g.ldil[d]) : -1;
+              ok = ok && qd >= 0 && dq * g.ldil[d] == qd;
+              qd = dq;
             }
             ok = ok && qd >= 0 && qd < g.in[d];
             off += qd * g.xS[d];
