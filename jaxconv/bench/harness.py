@@ -1,0 +1,313 @@
+"""Timing of one (case, dtype, op) for several implementations: the T-slope method of GUIDE.md section 4.
+
+For each implementation and each T in Ts, one jitted function applies the op to T distinct input sets (distinct
+random data, passed as arguments so nothing is constant-folded) and returns every output (so nothing is dead-code
+eliminated or CSE'd; the compiled HLO is checked for the expected number of jaxconv custom calls). Wall time of
+call + block_until_ready is sampled over repeats, interleaving T values and implementations, after warm-up. The
+least-squares slope of wall = a + b*T is the device time per op, with a t-interval.
+"""
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+
+import numpy as np
+
+from . import cases as _cases
+from .stats import fit_samples
+from .trace import profile_device_time
+
+_UID = [0]
+
+
+def _impl_fn(name):
+    from jax import lax
+    if name == "lax":
+        return lax.conv_general_dilated
+    if name == "jaxconv":
+        import jaxconv
+        return jaxconv.conv_general_dilated
+    raise ValueError(f"unknown implementation {name!r}")
+
+
+def _precision(prec_name):
+    from jax import lax
+    return None if prec_name is None else getattr(lax.Precision, prec_name)
+
+
+def make_op(conv, case, dtype, op):
+    """Returns f(x, w, dy) -> tuple of outputs for one input set. dgrad/wgrad/fwd+bwd are pieces of jax.vjp of
+    the implementation itself, so both sides compute the same thing through their own differentiation rules."""
+    import jax
+    _, prec_name, _ = _cases.dtype_info(dtype)
+    kw = dict(window_strides=tuple(case.stride), padding=tuple(tuple(p) for p in case.padding),
+              lhs_dilation=tuple(case.lhs_dil), rhs_dilation=tuple(case.dilation),
+              dimension_numbers=case.dimension_numbers(), feature_group_count=case.groups,
+              batch_group_count=case.batch_groups, precision=_precision(prec_name))
+
+    def f(x, w):
+        return conv(x, w, **kw)
+
+    op = _cases.canon_op(op)
+    if op == "fwd":
+        return lambda x, w, dy: (f(x, w),)
+    if op == "dgrad":
+        def dgrad(x, w, dy):
+            _, vjp = jax.vjp(lambda x_: f(x_, w), x)
+            return vjp(dy)
+        return dgrad
+    if op == "wgrad":
+        def wgrad(x, w, dy):
+            _, vjp = jax.vjp(lambda w_: f(x, w_), w)
+            return vjp(dy)
+        return wgrad
+
+    def fwdbwd(x, w, dy):
+        y, vjp = jax.vjp(f, x, w)
+        dx, dw = vjp(dy)
+        return y, dx, dw
+    return fwdbwd
+
+
+def _w_scale(case):
+    ws = case.shapes()[1]
+    fan_in = math.prod(ws) // max(ws[-1] if case.layout == "channels_last" else ws[0], 1)
+    return 1.0 / math.sqrt(max(1, fan_in))
+
+
+_GEN_CACHE = {}
+
+
+def _device_gen(shapes, dtype_name, w_scale):
+    """One jitted generator per (shapes, dtype): distinct keys give distinct sets without recompiling."""
+    import jax
+    import jax.numpy as jnp
+    key = (shapes, dtype_name, w_scale)
+    if key not in _GEN_CACHE:
+        jdt = jnp.dtype(dtype_name)
+        gdt = jnp.float32 if jdt.itemsize < 4 else jdt
+
+        @jax.jit
+        def gen(k):
+            k1, k2, k3 = jax.random.split(k, 3)
+            return (jax.random.normal(k1, shapes[0], gdt).astype(jdt),
+                    (jax.random.normal(k2, shapes[1], gdt) * w_scale).astype(jdt),
+                    jax.random.normal(k3, shapes[2], gdt).astype(jdt))
+        _GEN_CACHE[key] = gen
+    return _GEN_CACHE[key]
+
+
+def make_inputs(case, dtype, nsets, seed=0, host_limit_bytes=256 << 20):
+    """nsets distinct (x, w, dy) sets of normal random data (never zeros) on the default device. Small sets (and all
+    sets on the CPU backend) are drawn with numpy and transferred (no compile); large GPU sets on the device."""
+    import jax
+    import jax.numpy as jnp
+    npdt, _, itemsize = _cases.dtype_info(dtype)
+    shapes = tuple(tuple(s) for s in case.shapes())
+    ws = _w_scale(case)
+    total = nsets * sum(math.prod(s) for s in shapes) * 4
+    if jax.default_backend() == "cpu" or total <= host_limit_bytes:
+        jdt = jnp.dtype(npdt)
+        hdt = np.float64 if npdt == "float64" else np.float32
+        out = []
+        for i in range(nsets):
+            rng = np.random.default_rng([seed, i])
+            x = rng.standard_normal(shapes[0], dtype=hdt)
+            w = rng.standard_normal(shapes[1], dtype=hdt) * hdt(ws)
+            dy = rng.standard_normal(shapes[2], dtype=hdt)
+            out.append(tuple(jax.device_put(a.astype(jdt)) for a in (x, w, dy)))
+        return out
+    gen = _device_gen(shapes, npdt, ws)
+    base = jax.random.key(seed)
+    return [gen(jax.random.fold_in(base, i)) for i in range(nsets)]
+
+
+def batched(fn_one, T, name):
+    def run(sets):
+        return tuple(fn_one(*s) for s in sets)
+    run.__name__ = run.__qualname__ = name
+    return run
+
+
+def hlo_counts(text):
+    """Counts of the ops that matter in the compiled HLO text."""
+    cnt = {}
+    for m in re.finditer(r'custom_call_target="([^"]+)"', text):
+        cnt[m.group(1)] = cnt.get(m.group(1), 0) + 1
+    cnt["convolution"] = len(re.findall(r"\sconvolution\(", text))
+    cnt["fusion"] = len(re.findall(r"\sfusion\(", text))
+    return cnt
+
+
+def expected_jaxconv_calls(op, T):
+    return {"fwd": {"jaxconv_fwd": T}, "dgrad": {"jaxconv_dgrad": T}, "wgrad": {"jaxconv_wgrad": T},
+            "fwd+bwd": {"jaxconv_fwd": T, "jaxconv_dgrad": T, "jaxconv_wgrad": T}}[op]
+
+
+def _rel_err(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    denom = float(np.max(np.abs(b))) or 1.0
+    return float(np.max(np.abs(a - b))) / denom if a.size else 0.0
+
+
+def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), repeats=10, min_repeats=3,
+               budget_s=20.0, mem_budget=8 << 30, profile="auto", seed=0, log=None):
+    """Times one (case, dtype, op) for every implementation. Returns a result dict (see report.py for the schema)."""
+    import jax
+    op = _cases.canon_op(op)
+    _, _, itemsize = _cases.dtype_info(dtype)
+    xs, ws, ys = (math.prod(s) for s in case.shapes())
+    set_bytes = (xs + ws + ys) * itemsize
+    out_bytes = {"fwd": ys, "dgrad": xs, "wgrad": ws, "fwd+bwd": xs + ws + ys}[op] * itemsize
+    # Inputs for max(T) sets stay resident, outputs of one call of T sets (x2 for the previous call's buffers).
+    Ts = sorted(set(int(t) for t in Ts))
+    while len(Ts) > 2 and Ts[-1] * (set_bytes + 2 * out_bytes) > mem_budget:
+        Ts.pop()
+    notes = []
+    if Ts[-1] * (set_bytes + 2 * out_bytes) > mem_budget:
+        raise MemoryError(f"one input set needs {set_bytes / 2**30:.2f} GiB; over the memory budget")
+    sets = make_inputs(case, dtype, max(Ts), seed)
+    jax.block_until_ready(sets)
+
+    res = dict(impls={}, Ts=list(Ts), notes=notes)
+    compiled, fns = {}, {}
+
+    def compile_one(impl, T):
+        r = res["impls"][impl]
+        name = f"bench_{impl}_{re.sub('[^a-z0-9]', '', op)}_t{T}_u{_UID[0]}"
+        t0 = time.perf_counter()
+        c = jax.jit(batched(fns[impl], T, name)).lower(sets[:T]).compile()
+        r["compile_s"] = r.get("compile_s", 0.0) + time.perf_counter() - t0
+        compiled[impl][T] = (c, "jit_" + name)
+        return c
+
+    def warm(impl, T):
+        c, _ = compiled[impl][T]
+        for _ in range(2):
+            t0 = time.perf_counter()
+            jax.block_until_ready(c(sets[:T]))
+            est[(impl, T)] = time.perf_counter() - t0
+
+    # 1) smallest T first: compile, warm up, estimate the cost per op (an upper bound: includes dispatch)
+    est = {}
+    _UID[0] += 1
+    for impl in impls:
+        res["impls"][impl] = dict(hlo={})
+        compiled[impl] = {}
+        try:
+            fns[impl] = make_op(_impl_fn(impl), case, dtype, op)
+            compile_one(impl, Ts[0])
+            warm(impl, Ts[0])
+        except Exception as e:
+            res["impls"][impl]["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            compiled.pop(impl)
+    live = list(compiled)
+    if not live:
+        return res
+    # 2) fit the T list and the repeats to the time budget before compiling the large T values
+    per_op = {i: est[(i, Ts[0])] / Ts[0] for i in live}
+    round_s = lambda ts: sum(per_op[i] * t for i in live for t in ts)
+    reps = repeats
+    while reps > min_repeats and reps * round_s(Ts) > budget_s:
+        reps -= 1
+    while len(Ts) > 3 and min_repeats * round_s(Ts) > budget_s:
+        notes.append(f"dropped T={Ts.pop()} (time budget)")
+    # 3) compile and warm up the rest
+    for impl in list(live):
+        r = res["impls"][impl]
+        try:
+            for T in Ts[1:]:
+                compile_one(impl, T)
+                warm(impl, T)
+            try:
+                r["hlo"] = hlo_counts(compiled[impl][Ts[-1]][0].as_text())
+            except Exception as e:  # as_text is best-effort
+                r["hlo"] = {"error": str(e)}
+            if impl == "jaxconv" and "error" not in r["hlo"]:
+                exp = expected_jaxconv_calls(op, Ts[-1])
+                got = {k: v for k, v in r["hlo"].items() if k.startswith("jaxconv")}
+                bad = {k: (got.get(k, 0), v) for k, v in exp.items() if got.get(k, 0) < v}
+                extra = {k: v for k, v in got.items() if k not in exp}
+                if bad:
+                    r.setdefault("flags", []).append(f"hlo_missing_calls:{bad}")
+                if extra:
+                    r.setdefault("flags", []).append(f"hlo_extra_calls:{extra}")
+        except Exception as e:
+            r["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            compiled.pop(impl)
+            live.remove(impl)
+    if not live:
+        return res
+    one_round = sum(est[(i, t)] for i in live for t in Ts)
+    while reps > min_repeats and reps * one_round > budget_s:
+        reps -= 1
+    res["Ts"] = list(Ts)
+    res["repeats"] = reps
+
+    # Correctness cross-check on set 0 (T=1): both implementations compute the same thing.
+    if "jaxconv" in live and "lax" in live:
+        try:
+            a = compiled["jaxconv"][Ts[0]][0](sets[:Ts[0]])[0]
+            b = compiled["lax"][Ts[0]][0](sets[:Ts[0]])[0]
+            res["rel_err"] = max(_rel_err(u, v) for u, v in zip(a, b))
+        except Exception as e:
+            res["rel_err_error"] = str(e)[:200]
+
+    samples = {impl: {T: [] for T in Ts} for impl in live}
+    rng = random.Random(seed)
+    for rep in range(reps):
+        order = list(Ts)
+        rng.shuffle(order)
+        for T in order:
+            imp_order = live if rep % 2 == 0 else live[::-1]
+            for impl in imp_order:
+                c, _ = compiled[impl][T]
+                args = sets[:T]
+                t0 = time.perf_counter()
+                out = c(args)
+                jax.block_until_ready(out)
+                samples[impl][T].append(time.perf_counter() - t0)
+                del out
+
+    for impl in live:
+        r = res["impls"][impl]
+        fit = fit_samples(samples[impl])
+        r["fit"] = {k: v for k, v in fit.items() if k not in ("min_fit",)}
+        if fit.get("min_fit"):
+            r["fit"]["min_fit_b"] = fit["min_fit"]["b"]
+        r["samples"] = {str(t): v for t, v in samples[impl].items()}
+        flags = r.setdefault("flags", [])
+        flags.extend(fit["flags"])
+        r["time_s"], r["ci90_s"], r["time_source"] = fit["b"], fit["ci"], "fit"
+        want_prof = profile == "always" or (profile in ("auto", "first") and not fit["ok"])
+        if want_prof:
+            c, mod = compiled[impl][Ts[0]]
+            per = max(est.get((impl, Ts[0]), 0.01), 1e-6)
+            ncalls = int(max(2, min(10, 2.0 / per)))
+            prof = profile_device_time(c, (sets[:Ts[0]],), mod, ncalls=ncalls)
+            if prof.get("ok"):
+                prof["per_op_us"] = prof["per_call_us"] / Ts[0]
+            r["profiler"] = prof
+            if not fit["ok"]:
+                if prof.get("ok") and prof["per_op_us"] > 0:
+                    r["time_s"], r["ci90_s"], r["time_source"] = prof["per_op_us"] * 1e-6, [None, None], "profiler"
+                elif fit.get("min_fit") and fit["min_fit"]["b"] > 0:
+                    mb = fit["min_fit"]["b"]
+                    r["time_s"], r["ci90_s"], r["time_source"] = mb, fit["min_fit"]["ci"], "min-fit"
+                else:
+                    tmax = Ts[-1]
+                    r["time_s"] = min(samples[impl][tmax]) / tmax
+                    r["ci90_s"], r["time_source"] = [None, None], "upper-bound(min wall/T)"
+        elif not fit["ok"]:
+            if fit.get("min_fit") and fit["min_fit"]["b"] > 0:
+                r["time_s"], r["ci90_s"], r["time_source"] = fit["min_fit"]["b"], fit["min_fit"]["ci"], "min-fit"
+            else:
+                tmax = Ts[-1]
+                r["time_s"] = min(samples[impl][tmax]) / tmax
+                r["ci90_s"], r["time_source"] = [None, None], "upper-bound(min wall/T)"
+    return res
