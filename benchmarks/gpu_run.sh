@@ -53,7 +53,7 @@ if [[ " $steps " == *" sanitize "* ]]; then
     # Only jaxconv's kernels are instrumented (kns: kernel-name substring); command buffers off so every
     # launch is a plain one the tool can follow.
     XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
-      compute-sanitizer --tool "$tool" --kernel-name kns=jaxconv --error-exitcode 86 \
+      timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --kernel-name kns=jaxconv --error-exitcode 86 \
       $PY benchmarks/sanitizer_cases.py > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)
