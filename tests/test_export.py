@@ -1,0 +1,111 @@
+"""jax.export of functions that use jaxconv (CPU round trip).
+
+jaxconv's convolutions lower to custom calls (jaxconv_fwd / jaxconv_dgrad / jaxconv_wgrad) that are not
+in JAX's list of custom calls with compatibility guarantees, so exporting needs the explicit opt-out
+`jax.export.DisabledSafetyCheck.custom_call(name)` for each target that appears; the process that calls
+the deserialized artefact must have imported jaxconv (which registers the targets).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export, lax
+
+import conv_utils as cu
+import jaxconv
+
+TARGETS = ("jaxconv_fwd", "jaxconv_dgrad", "jaxconv_wgrad")
+CHECKS = [export.DisabledSafetyCheck.custom_call(t) for t in TARGETS]
+HI = lax.Precision.HIGHEST
+
+
+def _f(x, w, b):
+  return jaxconv.conv2d(x, w, b, stride=(1, 2), padding="SAME", activation="gelu", precision=HI)
+
+
+def _loss(x, w, b):
+  return jnp.sum(_f(x, w, b) ** 2)
+
+
+def _args(rng):
+  return (jnp.asarray(cu.randn(rng, (2, 9, 10, 3), np.float32)),
+          jnp.asarray(cu.randn(rng, (3, 3, 3, 4), np.float32)),
+          jnp.asarray(cu.randn(rng, (4,), np.float32)))
+
+
+def _round_trip(exp):
+  """serialize -> bytes -> deserialize, when jax's serializer (flatbuffers) is installed."""
+  pytest.importorskip("flatbuffers", reason="jax.export serialization needs the flatbuffers package")
+  blob = exp.serialize(vjp_order=0) if not exp.has_vjp() else exp.serialize(vjp_order=1)
+  return export.deserialize(bytearray(blob))
+
+
+def test_export_needs_the_custom_call_opt_out(rng):
+  with pytest.raises(ValueError, match="jaxconv_fwd"):
+    export.export(jax.jit(_f))(*_args(rng))
+
+
+def test_export_forward_in_memory(rng):
+  args = _args(rng)
+  exp = export.export(jax.jit(_f), disabled_checks=CHECKS)(*args)
+  assert exp.platforms == ("cpu",)
+  assert "stablehlo.custom_call @jaxconv_fwd" in exp.mlir_module()
+  cu.assert_close(exp.call(*args), _f(*args), 0.0, "exported forward")
+
+
+def test_export_forward_serialized_round_trip(rng):
+  args = _args(rng)
+  exp = _round_trip(export.export(jax.jit(_f), disabled_checks=CHECKS)(*args))
+  cu.assert_close(jax.jit(exp.call)(*args), _f(*args), 0.0, "deserialized forward")
+  assert exp.in_avals == tuple(jax.core.ShapedArray(a.shape, a.dtype) for a in args)
+
+
+def test_export_gradient_function_round_trip(rng):
+  """An exported gradient holds all three custom calls (fwd, dgrad, wgrad)."""
+  args = _args(rng)
+  grad = jax.jit(jax.grad(_loss, argnums=(0, 1, 2)))
+  exp = export.export(grad, disabled_checks=CHECKS)(*args)
+  text = exp.mlir_module()
+  for t in TARGETS:
+    assert f"@{t}" in text, t
+  exp = _round_trip(exp)
+  for a, b in zip(exp.call(*args), grad(*args)):
+    cu.assert_close(a, b, 0.0, "deserialized gradient")
+
+
+def test_export_with_vjp_differentiates_after_deserializing(rng):
+  args = _args(rng)
+  exp = _round_trip(export.export(jax.jit(_f), disabled_checks=CHECKS)(*args))
+  assert exp.has_vjp()
+  g = jax.grad(lambda *a: jnp.sum(exp.call(*a) ** 2), argnums=(0, 1, 2))(*args)
+  for a, b in zip(g, jax.grad(_loss, argnums=(0, 1, 2))(*args)):
+    cu.assert_close(a, b, 1e-6, "vjp of the deserialized function")
+
+
+def test_export_flax_model(rng):
+  flax = pytest.importorskip("flax")  # noqa: F841
+  import jaxconv.flax as jf
+  from flax import linen as nn
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = jf.ConvBiasAct(8, (3, 3), strides=2, activation="relu")(x)
+      x = jf.Conv(8, (3, 3), feature_group_count=8)(x)
+      return nn.Dense(3)(x.reshape(x.shape[0], -1))
+
+  x = jnp.asarray(cu.randn(rng, (2, 12, 12, 3), np.float32))
+  params = Net().init(jax.random.key(0), x)
+  exp = _round_trip(export.export(jax.jit(Net().apply), disabled_checks=CHECKS)(params, x))
+  cu.assert_close(exp.call(params, x), Net().apply(params, x), 0.0, "exported flax model")
+
+
+def test_symbolic_batch_is_not_supported(rng):
+  """jaxconv specialises every shape at trace time: shape-polymorphic export fails while tracing."""
+  _, w, b = _args(rng)
+  (n,) = export.symbolic_shape("n")
+  with pytest.raises(Exception, match="[Ss]ymbolic|constant"):
+    export.export(jax.jit(_f), disabled_checks=CHECKS)(jax.ShapeDtypeStruct((n, 9, 10, 3), jnp.float32), w, b)
