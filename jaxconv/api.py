@@ -78,6 +78,9 @@ def _canonical_precision(precision, fn) -> str:
 def _normalize_padding(padding, in_spatial, window, strides, rhs_dilation, lhs_dilation, fn):
   n = len(in_spatial)
   if isinstance(padding, str):
+    if any(d != 1 for d in lhs_dilation):  # as lax: the string forms are undefined for transposed convs
+      raise ValueError(f"{fn}: string padding {padding!r} is not implemented for transposed convolution "
+                       "(lhs_dilation != 1); give explicit (low, high) pairs for padding")
     if padding.upper() not in ("SAME", "SAME_LOWER", "VALID"):
       raise ValueError(f"{fn}: padding must be 'SAME', 'SAME_LOWER', 'VALID' or a sequence of {n} "
                        f"(low, high) integer pairs, got {padding!r}")
