@@ -407,32 +407,119 @@ inline Acc Activate(int act, Acc z) {
 // Kernels (channels-last, accumulation type)
 // ---------------------------------------------------------------------------------------------------------
 
+#if defined(__GNUC__) || defined(__clang__)
+#define JAXCONV_INLINE inline __attribute__((always_inline))
+#else
+#define JAXCONV_INLINE inline
+#endif
+
 // acc[0..n) += x0*w0[..] + x1*w1[..] + x2*w2[..] + x3*w3[..]
 template <class Acc>
-inline void Axpy4(int64_t n, Acc* __restrict a, Acc x0, const Acc* __restrict w0, Acc x1,
-                  const Acc* __restrict w1, Acc x2, const Acc* __restrict w2, Acc x3,
-                  const Acc* __restrict w3) {
+JAXCONV_INLINE void Axpy4(int64_t n, Acc* __restrict a, Acc x0, const Acc* __restrict w0, Acc x1,
+                          const Acc* __restrict w1, Acc x2, const Acc* __restrict w2, Acc x3,
+                          const Acc* __restrict w3) {
   for (int64_t i = 0; i < n; ++i) a[i] += x0 * w0[i] + x1 * w1[i] + x2 * w2[i] + x3 * w3[i];
 }
 template <class Acc>
-inline void Axpy1(int64_t n, Acc* __restrict a, Acc x0, const Acc* __restrict w0) {
+JAXCONV_INLINE void Axpy1(int64_t n, Acc* __restrict a, Acc x0, const Acc* __restrict w0) {
   for (int64_t i = 0; i < n; ++i) a[i] += x0 * w0[i];
 }
-template <class Acc>
-inline void Mul1(int64_t n, Acc* __restrict a, const Acc* __restrict x, const Acc* __restrict w) {
-  for (int64_t i = 0; i < n; ++i) a[i] += x[i] * w[i];
-}
 
-// a[0..n) += sum_j xs[j*xstride] * w[j*wstride + 0..n) for j < m, in blocks of 4 j's.
+// The leaf operations of the kernels. Each call does a whole (tap, segment) worth of work, so they are
+// compiled twice (baseline and AVX2+FMA) and picked once at run time; the call overhead is negligible.
+//   MatVec: a[0..n) += sum_{j<m} xs[j] * w[j*wstride + 0..n), in blocks of 4 j's.
+//   Mul:    a[0..n) += x[0..n) * w[0..n).
+//   Outer:  b[j*ldb + 0..n) += xs[j] * v[0..n) for j < m.
 template <class Acc>
-inline void MatVecAcc(int64_t m, int64_t n, Acc* a, const Acc* xs, int64_t xstride, const Acc* w,
-                      int64_t wstride) {
+JAXCONV_INLINE void MatVecBody(int64_t m, int64_t n, Acc* a, const Acc* xs, const Acc* w, int64_t wstride) {
   int64_t j = 0;
   for (; j + 4 <= m; j += 4) {
-    Axpy4(n, a, xs[j * xstride], w + j * wstride, xs[(j + 1) * xstride], w + (j + 1) * wstride,
-          xs[(j + 2) * xstride], w + (j + 2) * wstride, xs[(j + 3) * xstride], w + (j + 3) * wstride);
+    Axpy4(n, a, xs[j], w + j * wstride, xs[j + 1], w + (j + 1) * wstride, xs[j + 2], w + (j + 2) * wstride,
+          xs[j + 3], w + (j + 3) * wstride);
   }
-  for (; j < m; ++j) Axpy1(n, a, xs[j * xstride], w + j * wstride);
+  for (; j < m; ++j) Axpy1(n, a, xs[j], w + j * wstride);
+}
+template <class Acc>
+JAXCONV_INLINE void MulBody(int64_t n, Acc* __restrict a, const Acc* __restrict x, const Acc* __restrict w) {
+  for (int64_t i = 0; i < n; ++i) a[i] += x[i] * w[i];
+}
+template <class Acc>
+JAXCONV_INLINE void OuterBody(int64_t m, int64_t n, Acc* b, int64_t ldb, const Acc* xs, const Acc* v) {
+  for (int64_t j = 0; j < m; ++j) Axpy1(n, b + j * ldb, xs[j], v);
+}
+
+template <class Acc>
+JAXCONV_INLINE void Outer4Body(int64_t m, int64_t n, Acc* b, int64_t ldb, const Acc* const* xs,
+                               const Acc* const* v) {
+  for (int64_t j = 0; j < m; ++j) Axpy4(n, b + j * ldb, xs[0][j], v[0], xs[1][j], v[1], xs[2][j], v[2], xs[3][j], v[3]);
+}
+
+template <class Acc>
+struct Leaf {
+  void (*mat_vec)(int64_t, int64_t, Acc*, const Acc*, const Acc*, int64_t);
+  void (*mul)(int64_t, Acc*, const Acc*, const Acc*);
+  void (*outer)(int64_t, int64_t, Acc*, int64_t, const Acc*, const Acc*);
+  // Four outer products at once: b[j*ldb + 0..n) += sum_{p<4} xs[p][j] * v[p][0..n).
+  void (*outer4)(int64_t, int64_t, Acc*, int64_t, const Acc* const*, const Acc* const*);
+};
+
+template <class Acc>
+void MatVecBase(int64_t m, int64_t n, Acc* a, const Acc* xs, const Acc* w, int64_t ws) { MatVecBody(m, n, a, xs, w, ws); }
+template <class Acc>
+void MulBase(int64_t n, Acc* a, const Acc* x, const Acc* w) { MulBody(n, a, x, w); }
+template <class Acc>
+void OuterBase(int64_t m, int64_t n, Acc* b, int64_t ldb, const Acc* xs, const Acc* v) { OuterBody(m, n, b, ldb, xs, v); }
+
+template <class Acc>
+void Outer4Base(int64_t m, int64_t n, Acc* b, int64_t ldb, const Acc* const* xs, const Acc* const* v) {
+  Outer4Body(m, n, b, ldb, xs, v);
+}
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#define JAXCONV_HAVE_AVX2_LEAF 1
+template <class Acc>
+__attribute__((target("avx2,fma"))) void MatVecAvx2(int64_t m, int64_t n, Acc* a, const Acc* xs, const Acc* w,
+                                                    int64_t ws) {
+  MatVecBody(m, n, a, xs, w, ws);
+}
+template <class Acc>
+__attribute__((target("avx2,fma"))) void MulAvx2(int64_t n, Acc* a, const Acc* x, const Acc* w) {
+  MulBody(n, a, x, w);
+}
+template <class Acc>
+__attribute__((target("avx2,fma"))) void OuterAvx2(int64_t m, int64_t n, Acc* b, int64_t ldb, const Acc* xs,
+                                                   const Acc* v) {
+  OuterBody(m, n, b, ldb, xs, v);
+}
+template <class Acc>
+__attribute__((target("avx2,fma"))) void Outer4Avx2(int64_t m, int64_t n, Acc* b, int64_t ldb,
+                                                    const Acc* const* xs, const Acc* const* v) {
+  Outer4Body(m, n, b, ldb, xs, v);
+}
+#endif
+
+// AVX2+FMA when the CPU has it, unless JAXCONV_CPU_ISA=baseline. Fixed per process, so results are
+// reproducible on one machine (FMA rounds differently from separate multiply and add).
+inline bool UseAvx2() {
+#ifdef JAXCONV_HAVE_AVX2_LEAF
+  static const bool use = [] {
+    const char* s = std::getenv("JAXCONV_CPU_ISA");
+    if (s != nullptr && std::strcmp(s, "baseline") == 0) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return use;
+#else
+  return false;
+#endif
+}
+
+template <class Acc>
+Leaf<Acc> GetLeaf() {
+#ifdef JAXCONV_HAVE_AVX2_LEAF
+  if (UseAvx2()) return {&MatVecAvx2<Acc>, &MulAvx2<Acc>, &OuterAvx2<Acc>, &Outer4Avx2<Acc>};
+#endif
+  return {&MatVecBase<Acc>, &MulBase<Acc>, &OuterBase<Acc>, &Outer4Base<Acc>};
 }
 
 // y (Nb, OS, K) = act(bias + conv(x (N, IS, C), w (F, Cg, K))).
@@ -444,6 +531,7 @@ bool FwdKernel(const Geo& g, const std::vector<Prog> pr[3], const Acc* x, const 
   const int64_t K = g.K, C = g.C, Cg = g.Cg, Ks = g.Ks, S = g.S;
   const int64_t rows = g.Nb * OD * OH;
   const double work = static_cast<double>(OW) * static_cast<double>(g.F) * static_cast<double>(Cg * K + 1);
+  const Leaf<Acc> leaf = GetLeaf<Acc>();
   return ParallelFor(rows, work, [&](int64_t rb, int64_t re) {
     std::vector<Acc> accv(static_cast<size_t>(K));
     Acc* acc = accv.data();
@@ -464,13 +552,13 @@ bool FwdKernel(const Geo& g, const std::vector<Prog> pr[3], const Acc* x, const 
               const int64_t xpos = (id * IH + ih) * IW + iw;
               const Acc* wt = w + f * Cg * K;
               if (S == 1) {
-                MatVecAcc(Cg, K, acc, x + (nb * g.IS + xpos) * C, 1, wt, K);
+                leaf.mat_vec(Cg, K, acc, x + (nb * g.IS + xpos) * C, wt, K);
               } else if (g.Depthwise()) {
-                Mul1(K, acc, x + (nb * g.IS + xpos) * C, wt);
+                leaf.mul(K, acc, x + (nb * g.IS + xpos) * C, wt);
               } else {
                 for (int64_t s = 0; s < S; ++s) {
-                  MatVecAcc(Cg, Ks, acc + s * Ks, x + (g.XBatch(s, nb) * g.IS + xpos) * C + g.ChOff(s), 1,
-                            wt + s * Ks, K);
+                  leaf.mat_vec(Cg, Ks, acc + s * Ks, x + (g.XBatch(s, nb) * g.IS + xpos) * C + g.ChOff(s),
+                               wt + s * Ks, K);
                 }
               }
             }
@@ -495,6 +583,7 @@ bool DgradKernel(const Geo& g, const std::vector<Prog> pr[3], const Acc* dy, con
                                                    static_cast<double>(g.F) * g.OS / static_cast<double>(g.IS))
                                : 0.0;
   const double work = static_cast<double>(IW) * (taps * static_cast<double>(Cg * K / std::max<int64_t>(g.BG, 1)) + 1);
+  const Leaf<Acc> leaf = GetLeaf<Acc>();
   return ParallelFor(rows, work, [&](int64_t rb, int64_t re) {
     std::vector<Acc> accv(static_cast<size_t>(C));
     Acc* acc = accv.data();
@@ -521,10 +610,10 @@ bool DgradKernel(const Geo& g, const std::vector<Prog> pr[3], const Acc* dy, con
               const Acc* dyrow = dy + (nb * g.OS + (od * OH + oh) * OW + ow) * K;
               const Acc* wt = wT + f * K * Cg;
               if (g.Depthwise()) {
-                Mul1(K, acc, dyrow, wt);
+                leaf.mul(K, acc, dyrow, wt);
               } else {
                 for (int64_t s = s_lo; s < s_hi; ++s) {
-                  MatVecAcc(Ks, Cg, acc + g.ChOff(s), dyrow + s * Ks, 1, wt + s * Ks * Cg, Cg);
+                  leaf.mat_vec(Ks, Cg, acc + g.ChOff(s), dyrow + s * Ks, wt + s * Ks * Cg, Cg);
                 }
               }
             }
@@ -554,6 +643,7 @@ bool WgradKernel(const Geo& g, const std::vector<Prog> pr[3], const Acc* x, cons
   // Upper bound of the multiply-adds of one item (every (nb, o) pair valid for the tap).
   const double work = static_cast<double>(Nb) * static_cast<double>(g.OS) *
                       static_cast<double>((depthwise ? K : cb * K) + 1);
+  const Leaf<Acc> leaf = GetLeaf<Acc>();
   return ParallelFor(F * nblk, work, [&](int64_t ib, int64_t ie) {
     std::vector<Acc> blkv;
     for (int64_t item = ib; item < ie; ++item) {
@@ -565,6 +655,32 @@ bool WgradKernel(const Geo& g, const std::vector<Prog> pr[3], const Acc* x, cons
       const Prog& pd = pr[0][fd];
       const Prog& ph = pr[1][fh];
       const Prog& pw = pr[2][fw];
+      // (x position, dy row) pairs are applied four at a time, in the loop order: the grouping, and hence
+      // every result, does not depend on the thread count.
+      int64_t pend_x[4];  // x element offset of the position (batch of segment 0)
+      const Acc* pend_dy[4];
+      int64_t pend_nb[4];
+      int npend = 0;
+      auto flush = [&]() {
+        if (depthwise) {
+          for (int q = 0; q < npend; ++q) leaf.mul(K, blk, x + pend_x[q], pend_dy[q]);
+        } else {
+          for (int64_t s = 0; s < S; ++s) {
+            const Acc* xr[4];
+            const Acc* dr[4];
+            for (int q = 0; q < npend; ++q) {
+              xr[q] = x + pend_x[q] + (g.XBatch(s, pend_nb[q]) - pend_nb[q]) * g.IS * C + g.ChOff(s) + c0;
+              dr[q] = pend_dy[q] + s * Ks;
+            }
+            if (npend == 4) {
+              leaf.outer4(c1 - c0, Ks, blk + s * Ks, K, xr, dr);
+            } else {
+              for (int q = 0; q < npend; ++q) leaf.outer(c1 - c0, Ks, blk + s * Ks, K, xr[q], dr[q]);
+            }
+          }
+        }
+        npend = 0;
+      };
       for (int64_t nb = 0; nb < Nb; ++nb) {
         for (int64_t td = 0; td < pd.count; ++td) {
           const int64_t od = pd.j0 + td * pd.jstep, id = pd.q0 + td * pd.qstep;
@@ -572,21 +688,15 @@ bool WgradKernel(const Geo& g, const std::vector<Prog> pr[3], const Acc* x, cons
             const int64_t oh = ph.j0 + th * ph.jstep, ih = ph.q0 + th * ph.qstep;
             for (int64_t tw = 0; tw < pw.count; ++tw) {
               const int64_t ow = pw.j0 + tw * pw.jstep, iw = pw.q0 + tw * pw.qstep;
-              const Acc* dyrow = dy + (nb * g.OS + (od * OH + oh) * OW + ow) * K;
-              const int64_t xpos = (id * IH + ih) * IW + iw;
-              if (depthwise) {
-                Mul1(K, blk, x + (nb * g.IS + xpos) * C, dyrow);
-              } else {
-                for (int64_t s = 0; s < S; ++s) {
-                  const Acc* xrow = x + (g.XBatch(s, nb) * g.IS + xpos) * C + g.ChOff(s);
-                  const Acc* dys = dyrow + s * Ks;
-                  for (int64_t cg = c0; cg < c1; ++cg) Axpy1(Ks, blk + (cg - c0) * K + s * Ks, xrow[cg], dys);
-                }
-              }
+              pend_dy[npend] = dy + (nb * g.OS + (od * OH + oh) * OW + ow) * K;
+              pend_x[npend] = (nb * g.IS + (id * IH + ih) * IW + iw) * C;
+              pend_nb[npend] = nb;
+              if (++npend == 4) flush();
             }
           }
         }
       }
+      flush();
       std::copy(blk, blk + rowlen, dw + (f * Cg + c0) * K);
     }
   });

@@ -24,7 +24,7 @@ bool ToCpuDType(ffi::DataType t, cpu::DType* out) {
 // Bounds on the attribute values beyond DecodeParams' checks, so that no index arithmetic in the kernels can
 // overflow int64 (the buffer sizes themselves are bounded by the buffers XLA passes).
 ffi::Error CheckMagnitudes(Op op, const ConvParams& p) {
-  constexpr int64_t kMax = int64_t{1} << 40;
+  constexpr int64_t kMax = int64_t{1} << 30;  // with buffer dims < 2^31: products stay < 2^62
   for (int d = 0; d < 3; ++d) {
     const int64_t v[] = {p.stride[d], p.lhs_dil[d], p.rhs_dil[d], p.pad_lo[d] < 0 ? -p.pad_lo[d] : p.pad_lo[d],
                          p.pad_hi[d] < 0 ? -p.pad_hi[d] : p.pad_hi[d]};
