@@ -31,7 +31,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jaxconv import _native
+from jaxconv import _native, sharding
 from jaxconv.spec import ConvSpec
 
 conv_fwd_p = Primitive("jaxconv_fwd")
@@ -221,9 +221,9 @@ def _no_cuda_lowering(ctx, *args, **params):
 
 for _p in (conv_fwd_p, conv_dgrad_p, conv_wgrad_p):
   _def_impl(_p)
-  mlir.register_lowering(_p, _make_lowering(_p), platform="cpu")
-  mlir.register_lowering(_p, _make_lowering(_p) if _native.built_with_cuda() else _no_cuda_lowering,
-                         platform="cuda")
+  # Partitioned lowerings (batch / output-channel sharding), shard_map varying axes: see sharding.py.
+  sharding.register(_p, {"cpu": _make_lowering(_p),
+                         "cuda": _make_lowering(_p) if _native.built_with_cuda() else _no_cuda_lowering})
 
 
 # ---------------------------------------------------------------------------------------------------------
