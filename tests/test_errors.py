@@ -1,0 +1,230 @@
+"""One test per user error: the exception type (lax's where lax raises a clear TypeError/ValueError) and a
+message naming the offending argument, raised at trace time (eagerly, under jit and under eval_shape)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxconv
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def _x(shape=(2, 6, 6, 4), dtype=jnp.float32):
+  return jnp.ones(shape, dtype)
+
+
+def _raises_everywhere(exc, match, fn, *args):
+  """`fn(*args)` raises exc matching `match` eagerly, under jit and under eval_shape (trace time)."""
+  with pytest.raises(exc, match=match):
+    fn(*args)
+  with pytest.raises(exc, match=match):
+    jax.jit(fn)(*args)
+  with pytest.raises(exc, match=match):
+    jax.eval_shape(fn, *args)
+
+
+def cgd(**kw):
+  def f(x, w):
+    args = dict(window_strides=(1, 1), padding="VALID", dimension_numbers=NHWC)
+    args.update(kw)
+    return jaxconv.conv_general_dilated(x, w, **args)
+  return f
+
+
+# ---- conv_general_dilated --------------------------------------------------------------------------------
+
+def test_rank_mismatch():
+  _raises_everywhere(TypeError, r"(?i)(lhs.*rhs|rhs.*lhs).*(ndim|rank|dimensions)", cgd(dimension_numbers=None),
+                     _x((2, 4, 6, 6)), _x((3, 4, 3)))
+
+
+def test_rank_unsupported_4_spatial_dims():
+  x, w = _x((1, 2, 3, 3, 3, 3)), _x((2, 2, 1, 1, 1, 1))
+  with pytest.raises((TypeError, ValueError), match=r"(?i)spatial|rank|lhs"):
+    jaxconv.conv_general_dilated(x, w, (1,) * 4, "VALID")
+
+
+def test_channels_do_not_match():
+  _raises_everywhere(ValueError, r"feature", cgd(), _x(), _x((3, 3, 3, 5)))
+
+
+def test_feature_groups_do_not_divide_lhs_features():
+  _raises_everywhere(ValueError, r"feature_group_count", cgd(feature_group_count=3), _x(), _x((3, 3, 1, 6)))
+
+
+def test_feature_groups_do_not_divide_out_features():
+  _raises_everywhere(ValueError, r"feature_group_count", cgd(feature_group_count=2), _x(), _x((3, 3, 2, 5)))
+
+
+def test_batch_groups_do_not_divide_batch():
+  _raises_everywhere(ValueError, r"batch_group_count", cgd(batch_group_count=3), _x((4, 6, 6, 4)),
+                     _x((3, 3, 4, 6)))
+
+
+def test_batch_groups_do_not_divide_out_features():
+  _raises_everywhere(ValueError, r"batch_group_count", cgd(batch_group_count=2), _x((4, 6, 6, 4)),
+                     _x((3, 3, 4, 5)))
+
+
+def test_both_group_counts_above_one():
+  _raises_everywhere(ValueError, r"batch_group_count.*feature_group_count|feature_group_count.*batch_group_count",
+                     cgd(feature_group_count=2, batch_group_count=2), _x((4, 6, 6, 4)), _x((3, 3, 2, 4)))
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_group_count_not_positive(bad):
+  _raises_everywhere(ValueError, r"feature_group_count", cgd(feature_group_count=bad), _x(), _x((3, 3, 4, 4)))
+  _raises_everywhere(ValueError, r"batch_group_count", cgd(batch_group_count=bad), _x(), _x((3, 3, 4, 4)))
+
+
+def test_dtype_mismatch():
+  _raises_everywhere(TypeError, r"(?i)dtype", cgd(), _x(), _x((3, 3, 4, 4), jnp.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.complex64, jnp.bool_, jnp.uint8])
+def test_unsupported_dtype(dtype):
+  _raises_everywhere(TypeError, r"(?i)dtype", cgd(), _x(dtype=dtype), _x((3, 3, 4, 4), dtype))
+
+
+def test_bad_padding_string():
+  _raises_everywhere(ValueError, r"padding", cgd(padding="FULL"), _x(), _x((3, 3, 4, 4)))
+
+
+@pytest.mark.parametrize("padding", [[(1, 1)], [(1, 1)] * 3, [(1, 1, 1), (1, 1, 1)], [1, 1]])
+def test_wrong_padding_pairs(padding):
+  # lax raises TypeError("Wrong number of explicit pads ...") for a wrong count; any malformed pair is a
+  # TypeError or ValueError, but the message must name padding.
+  with pytest.raises((TypeError, ValueError), match=r"(?i)pad"):
+    cgd(padding=padding)(_x(), _x((3, 3, 4, 4)))
+  with pytest.raises((TypeError, ValueError), match=r"(?i)pad"):
+    jax.jit(cgd(padding=padding))(_x(), _x((3, 3, 4, 4)))
+
+
+@pytest.mark.parametrize("padding", [[(-7, 0), (0, 0)], [(0, 0), (0, -7)], [(-4, -4), (0, 0)]])
+def test_negative_padding_larger_than_input(padding):
+  # lax: ValueError("Negative padding is larger than the size of the corresponding dimension ...")
+  with pytest.raises(ValueError):
+    lax.conv_general_dilated(_x(), _x((3, 3, 4, 4)), (1, 1), padding, dimension_numbers=NHWC)
+  _raises_everywhere(ValueError, r"(?i)padding", cgd(padding=padding), _x(), _x((3, 3, 4, 4)))
+
+
+def test_string_padding_with_lhs_dilation_is_rejected_like_lax():
+  with pytest.raises(ValueError):
+    lax.conv_general_dilated(_x(), _x((3, 3, 4, 4)), (1, 1), "SAME", lhs_dilation=(2, 2), dimension_numbers=NHWC)
+  with pytest.raises(ValueError, match=r"(?i)padding"):
+    cgd(padding="SAME", lhs_dilation=(2, 2))(_x(), _x((3, 3, 4, 4)))
+
+
+@pytest.mark.parametrize("bad", [(0, 1), (1, -1)])
+def test_bad_window_strides(bad):
+  _raises_everywhere(ValueError, r"window_strides", cgd(window_strides=bad), _x(), _x((3, 3, 4, 4)))
+
+
+def test_window_strides_wrong_length():
+  _raises_everywhere(ValueError, r"window_strides", cgd(window_strides=(1, 1, 1)), _x(), _x((3, 3, 4, 4)))
+
+
+@pytest.mark.parametrize("name", ["lhs_dilation", "rhs_dilation"])
+@pytest.mark.parametrize("bad", [(0, 1), (1, -2)])
+def test_bad_dilations(name, bad):
+  # lax: TypeError("All dilations must be positive, got ...")
+  with pytest.raises(TypeError):
+    lax.conv_general_dilated(_x(), _x((3, 3, 4, 4)), (1, 1), [(0, 0)] * 2, dimension_numbers=NHWC,
+                             **{name: bad})
+  _raises_everywhere(TypeError, name, cgd(padding=[(0, 0)] * 2, **{name: bad}), _x(), _x((3, 3, 4, 4)))
+
+
+def test_bad_dimension_numbers():
+  with pytest.raises((TypeError, ValueError), match=r"(?i)dimension|spec|NHWC|HWIO"):
+    cgd(dimension_numbers=("NHWC", "HWIO"))(_x(), _x((3, 3, 4, 4)))
+  with pytest.raises((TypeError, ValueError)):
+    cgd(dimension_numbers=("NHWC", "HWXO", "NHWC"))(_x(), _x((3, 3, 4, 4)))
+
+
+def test_bad_precision():
+  with pytest.raises(ValueError, match=r"(?i)precision"):
+    cgd(precision="fp8")(_x(), _x((3, 3, 4, 4)))
+
+
+def test_bad_preferred_element_type():
+  with pytest.raises(TypeError, match=r"preferred_element_type"):
+    cgd(preferred_element_type=jnp.int32)(_x(), _x((3, 3, 4, 4)))
+  with pytest.raises(TypeError, match=r"preferred_element_type"):  # narrowing, as lax refuses
+    cgd(preferred_element_type=jnp.bfloat16)(_x(), _x((3, 3, 4, 4)))
+
+
+# ---- conv1d / conv2d / conv3d ----------------------------------------------------------------------------
+
+def test_unknown_activation():
+  with pytest.raises(ValueError, match=r"activation"):
+    jaxconv.conv2d(_x(), _x((3, 3, 4, 4)), activation="tanh")
+  with pytest.raises(ValueError, match=r"activation"):
+    jax.jit(lambda x, w: jaxconv.conv2d(x, w, activation="Relu"))(_x(), _x((3, 3, 4, 4)))
+
+
+@pytest.mark.parametrize("fmt", ["NHWC", "channels-last", None, "CHANNELS_FIRST"])
+def test_bad_data_format(fmt):
+  with pytest.raises(ValueError, match=r"data_format"):
+    jaxconv.conv2d(_x(), _x((3, 3, 4, 4)), data_format=fmt)
+
+
+@pytest.mark.parametrize("bias_shape", [(3,), (1, 4), (4, 1), ()])
+def test_bias_shape(bias_shape):
+  with pytest.raises(ValueError, match=r"bias"):
+    jaxconv.conv2d(_x(), _x((3, 3, 4, 4)), jnp.ones(bias_shape))
+  with pytest.raises(ValueError, match=r"bias"):
+    jax.jit(jaxconv.conv2d)(_x(), _x((3, 3, 4, 4)), jnp.ones(bias_shape))
+
+
+def test_bias_dtype_integer():
+  with pytest.raises(TypeError, match=r"bias"):
+    jaxconv.conv2d(_x(), _x((3, 3, 4, 4)), jnp.ones((4,), jnp.int32))
+
+
+@pytest.mark.parametrize("fn,x_shape,w_shape", [
+    (jaxconv.conv1d, (2, 6, 6, 4), (3, 3, 4, 4)),
+    (jaxconv.conv2d, (2, 6, 4), (3, 4, 4)),
+    (jaxconv.conv3d, (2, 6, 6, 4), (3, 3, 4, 4)),
+    (jaxconv.conv2d, (2, 6, 6, 4), (3, 4, 4)),
+])
+def test_convnd_rank(fn, x_shape, w_shape):
+  with pytest.raises(ValueError, match=r"(?i)\b(x|w)\b.*rank|rank.*\b(x|w)\b"):
+    fn(_x(x_shape), _x(w_shape))
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(stride=0), "stride"), (dict(stride=(1, -1)), "stride"), (dict(stride=(1, 1, 1)), "stride"),
+    (dict(dilation=0), "dilation"), (dict(dilation=(2, -1)), "dilation"),
+    (dict(groups=3), "groups"), (dict(groups=0), "groups"),
+    (dict(padding="HALF"), "padding"), (dict(padding=(1, 1, 1)), "padding"),
+    (dict(padding=[(1, 1)]), "padding"), (dict(padding=-9), "padding"),
+])
+def test_convnd_bad_arguments(kw, name):
+  with pytest.raises((TypeError, ValueError), match=name):
+    jaxconv.conv2d(_x(), _x((3, 3, 4, 4)), **kw)
+
+
+def test_convnd_channels_do_not_match():
+  with pytest.raises(ValueError, match=r"(?i)feature|channel|groups"):
+    jaxconv.conv2d(_x(), _x((3, 3, 3, 4)))
+  with pytest.raises(ValueError, match=r"(?i)feature|channel|groups"):
+    jaxconv.conv2d(_x((2, 4, 6, 6)), _x((4, 3, 3, 3)), data_format="channels_first")
+
+
+def test_convnd_algorithm_unknown():
+  with pytest.raises(ValueError, match=r"algorithm"):
+    jaxconv.conv2d(_x(), _x((3, 3, 4, 4)), algorithm="winograd")
+
+
+def test_errors_do_not_leave_state_behind():
+  """After an error the same function still works (no cached broken trace)."""
+  f = jax.jit(lambda x, w: jaxconv.conv2d(x, w, padding="SAME"))
+  with pytest.raises(ValueError):
+    f(_x(), _x((3, 3, 3, 4)))
+  y = f(_x(), _x((3, 3, 4, 4)))
+  assert y.shape == (2, 6, 6, 4) and np.all(np.isfinite(np.asarray(y)))

@@ -1,0 +1,140 @@
+"""GPU-only checks (skipped cleanly without CUDA): the compiled programs use jaxconv's kernels, not cuDNN;
+odd sizes; a tensor of more than 2**31 elements; every specialised algorithm forced through `algorithm`."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import conv_utils as cu
+import jaxconv
+
+pytestmark = pytest.mark.gpu
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def _gpu_arrays(rng, *shapes, dtype=np.float32):
+  dev = jax.devices("gpu")[0]
+  return [jax.device_put(cu.randn(rng, s, dtype), dev) for s in shapes]
+
+
+def test_compiled_hlo_uses_jaxconv_not_cudnn(rng):
+  x, w = _gpu_arrays(rng, (4, 17, 19, 8), (3, 3, 8, 16))
+  conv = functools.partial(jaxconv.conv_general_dilated, window_strides=(2, 1), padding="SAME",
+                           dimension_numbers=NHWC, precision="highest")
+  fwd_text = jax.jit(conv).lower(x, w).compile().as_text()
+  loss = lambda x, w: jnp.sum(conv(x, w) ** 2)
+  grad_text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w).compile().as_text()
+  assert "jaxconv_fwd" in fwd_text
+  for t in ("jaxconv_fwd", "jaxconv_dgrad", "jaxconv_wgrad"):
+    assert t in grad_text, t
+  for text in (fwd_text, grad_text):
+    assert "cudnn" not in text.lower()
+    assert " convolution(" not in text
+  # Sanity check of the check itself: lax's convolution does go to cuDNN in the same compiled form.
+  lax_text = jax.jit(functools.partial(lax.conv_general_dilated, window_strides=(2, 1), padding="SAME",
+                                       dimension_numbers=NHWC)).lower(x, w).compile().as_text()
+  assert "cudnn" in lax_text.lower() or "convolution(" in lax_text
+
+
+ODD = [  # lhs shape (NHWC), window, strides, padding, groups
+    ((3, 31, 37, 7), (3, 5), (1, 1), "SAME", 1),
+    ((2, 29, 23, 13), (7, 3), (2, 3), [(3, 1), (0, 2)], 1),
+    ((1, 97, 89, 11), (5, 5), (3, 2), "VALID", 11),
+    ((5, 17, 19, 6), (1, 1), (1, 1), "VALID", 2),
+    ((2, 53, 59, 5), (3, 3), (1, 1), "SAME_LOWER", 1),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+@pytest.mark.parametrize("case", range(len(ODD)))
+def test_odd_prime_sizes_match_reference(case, dtype, rng):
+  shape, win, strides, padding, g = ODD[case]
+  k = 3 * g
+  ctx = cu.enable_x64() if dtype == "float64" else jax.default_device(jax.devices("gpu")[0])
+  with ctx:
+    x, w = _gpu_arrays(rng, shape, (*win, shape[-1] // g, k), dtype=dtype)
+    kw = dict(window_strides=strides, padding=padding, dimension_numbers=NHWC, feature_group_count=g)
+    y = jax.jit(functools.partial(jaxconv.conv_general_dilated, precision="highest", **kw))(x, w)
+    ct = jnp.asarray(cu.randn(rng, y.shape, dtype))
+    dx, dw = jax.jit(lambda x, w, ct: jax.vjp(functools.partial(
+        jaxconv.conv_general_dilated, precision="highest", **kw), x, w)[1](ct))(x, w, ct)
+    x, w, ct, y, dx, dw = (np.asarray(a) for a in (x, w, ct, y, dx, dw))
+  tol = cu.tolerance(dtype)
+  cu.assert_close(y, cu.ref_conv(x, w, **kw), tol, f"fwd case {case}")
+  rdx, rdw = cu.ref_conv_vjp(x, w, ct, **kw)
+  cu.assert_close(dx, rdx, tol, f"dgrad case {case}")
+  cu.assert_close(dw, rdw, tol, f"wgrad case {case}")
+
+
+def _slice_ref(x_slice, w, **kw):
+  return cu.ref_conv(x_slice, w, **kw)
+
+
+@pytest.mark.parametrize("kind", ["depthwise3x3", "pointwise"])
+def test_more_than_2_31_elements(kind):
+  """bf16 tensors with > 2**31 elements: 64-bit indexing in fwd (and dgrad for the 1x1 case); a few
+  slices, including the far end of the tensor, against a float64 reference on those slices."""
+  key = jax.random.key(0)
+  if kind == "depthwise3x3":
+    shape, w_shape, g = (2, 1031, 1031, 1024), (3, 3, 1, 1024), 1024
+  else:
+    shape, w_shape, g = (1, 16411, 16411, 8), (1, 1, 8, 8), 1
+  assert np.prod(shape, dtype=np.int64) > 2 ** 31
+  kx, kw_ = jax.random.split(key)
+  x = jax.random.normal(kx, shape, jnp.bfloat16)
+  w = jax.random.normal(kw_, w_shape, jnp.bfloat16)
+  conv = functools.partial(jaxconv.conv_general_dilated, window_strides=(1, 1), padding="VALID",
+                           dimension_numbers=NHWC, feature_group_count=g)
+  y = jax.jit(conv)(x, w)
+  w_np = np.asarray(w)
+  kh, kw2 = w_shape[:2]
+  n_last = shape[0] - 1
+  H, W = y.shape[1], y.shape[2]
+  for (n, i0, j0) in [(0, 0, 0), (n_last, H - 4, W - 4), (n_last, H // 2, W - 3)]:
+    xs = np.asarray(x[n:n + 1, i0:i0 + 4 + kh - 1, j0:j0 + 4 + kw2 - 1, :])
+    want = _slice_ref(xs, w_np, window_strides=(1, 1), padding="VALID", dimension_numbers=NHWC,
+                      feature_group_count=g)
+    got = np.asarray(y[n:n + 1, i0:i0 + want.shape[1], j0:j0 + want.shape[2], :])
+    cu.assert_close(got, want, 1e-2, f"{kind} slice n={n} i={i0} j={j0}")
+  del y
+  if kind == "pointwise":
+    dy = x  # reuse the big buffer as a cotangent: dx = dy @ w^T per pixel
+    dx = jax.jit(lambda x, dy: jax.vjp(lambda a: conv(a, w), x)[1](dy)[0])(x, dy)
+    for (i0, j0) in [(0, 0), (shape[1] - 3, shape[2] - 3)]:
+      dys = np.asarray(dy[:, i0:i0 + 3, j0:j0 + 3, :]).astype(np.float64)
+      want = np.einsum("nhwk,ck->nhwc", dys, w_np[0, 0].astype(np.float64))
+      cu.assert_close(np.asarray(dx[:, i0:i0 + 3, j0:j0 + 3, :]), want, 1e-2, f"dgrad slice {i0},{j0}")
+
+
+ALGO_CASES = {
+    "direct": ((2, 13, 11, 6), (3, 3, 3, 4), dict(padding="SAME", groups=2)),
+    "depthwise": ((2, 29, 31, 16), (5, 5, 1, 16), dict(padding="SAME", groups=16, stride=2)),
+    "long1d": ((3, 4099, 2), (129, 2, 3), dict(padding="SAME")),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("algorithm", sorted(ALGO_CASES))
+def test_forced_algorithm(algorithm, dtype, rng):
+  x_shape, w_shape, opts = ALGO_CASES[algorithm]
+  ns = len(x_shape) - 2
+  fn = {1: jaxconv.conv1d, 2: jaxconv.conv2d}[ns]
+  x, w, b = _gpu_arrays(rng, x_shape, w_shape, (w_shape[-1],), dtype=dtype)
+  for act in (None, "gelu"):
+    y = jax.jit(functools.partial(fn, algorithm=algorithm, activation=act, precision="highest", **opts))(x, w, b)
+    yauto = jax.jit(functools.partial(fn, activation=act, precision="highest", **opts))(x, w, b)
+    sp = "DHW"[3 - ns:]
+    kw = dict(window_strides=(opts.get("stride", 1),) * ns, padding=opts["padding"],
+              dimension_numbers=("N" + sp + "C", sp + "IO", "N" + sp + "C"), feature_group_count=opts.get("groups", 1))
+    ref = cu.ref_conv(np.asarray(x), np.asarray(w), **kw) + cu.f64(np.asarray(b))
+    if act == "gelu":
+      ref = 0.5 * ref * (1 + np.tanh(np.sqrt(2 / np.pi) * (ref + 0.044715 * ref ** 3)))
+    cu.assert_close(y, ref, cu.tolerance(dtype), f"algorithm={algorithm} act={act}")
+    cu.assert_close(yauto, ref, cu.tolerance(dtype), f"auto act={act}")
