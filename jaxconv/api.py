@@ -36,8 +36,8 @@ def debug_poison() -> bool:
 # ---------------------------------------------------------------------------------------------------------
 # Argument normalisation.
 # ---------------------------------------------------------------------------------------------------------
-def _int_tuple(value, n, name, fn, *, minimum=1, default=1):
-  """An int or a sequence of n ints, each >= minimum."""
+def _int_tuple(value, n, name, fn, *, minimum=1, default=1, error=ValueError):
+  """An int or a sequence of n ints, each >= minimum (else `error`, the exception type lax raises)."""
   if value is None:
     return (default,) * n
   if isinstance(value, (int, np.integer)):
@@ -49,7 +49,7 @@ def _int_tuple(value, n, name, fn, *, minimum=1, default=1):
   if len(out) != n:
     raise ValueError(f"{fn}: {name} must have one entry per spatial dimension ({n}), got {value!r}")
   if any(v < minimum for v in out):
-    raise ValueError(f"{fn}: {name} entries must be >= {minimum}, got {value!r}")
+    raise error(f"{fn}: {name} entries must be >= {minimum}, got {value!r}")
   return out
 
 
@@ -98,7 +98,7 @@ def _normalize_padding(padding, in_spatial, window, strides, rhs_dilation, lhs_d
                        f"(low, high) integer pairs, got {padding!r}")
   for i, ((lo, hi), size, ld) in enumerate(zip(pads, in_spatial, lhs_dilation)):
     dilated = 0 if size == 0 else (size - 1) * ld + 1
-    if -lo > dilated or -hi > dilated or dilated + lo + hi < 0:
+    if dilated + lo + hi < 0:  # lax's rule: the padded input may be empty, not negative
       raise ValueError(f"{fn}: padding {(lo, hi)} of spatial dimension {i} removes more than the "
                        f"(dilated) input size {dilated}")
   return pads
@@ -152,11 +152,11 @@ def _plan_dtypes(in_dtype, preferred, fn):
 # ---------------------------------------------------------------------------------------------------------
 def _conv(lhs, rhs, bias, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
           feature_group_count, batch_group_count, precision, preferred_element_type, activation,
-          algorithm, fn):
+          algorithm, fn, groups_name="feature_group_count"):
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
   _check_dtypes(lhs, rhs, fn)
   if lhs.ndim != rhs.ndim:
-    raise ValueError(f"{fn}: lhs and rhs must have the same number of dimensions, but got {lhs.shape} "
+    raise TypeError(f"{fn}: lhs and rhs must have the same number of dimensions, but got {lhs.shape} "
                      f"and {rhs.shape}.")
   if not 3 <= lhs.ndim <= 5:
     raise ValueError(f"{fn}: lhs must have 1, 2 or 3 spatial dimensions (rank 3 to 5), got shape {lhs.shape}")
@@ -164,25 +164,26 @@ def _conv(lhs, rhs, bias, *, window_strides, padding, lhs_dilation, rhs_dilation
   dn = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
   lhs_spec, rhs_spec, out_spec = dn
   strides = _int_tuple(window_strides, nsp, "window_strides", fn)
-  lhs_dil = _int_tuple(lhs_dilation, nsp, "lhs_dilation", fn)
-  rhs_dil = _int_tuple(rhs_dilation, nsp, "rhs_dilation", fn)
-  for name, v in (("feature_group_count", feature_group_count), ("batch_group_count", batch_group_count)):
+  # lax raises TypeError ("All dilations must be positive") for these.
+  lhs_dil = _int_tuple(lhs_dilation, nsp, "lhs_dilation", fn, error=TypeError)
+  rhs_dil = _int_tuple(rhs_dilation, nsp, "rhs_dilation", fn, error=TypeError)
+  for name, v in ((groups_name, feature_group_count), ("batch_group_count", batch_group_count)):
     if not isinstance(v, (int, np.integer)) or v < 1:
       raise ValueError(f"{fn}: {name} must be a positive integer, got {v!r}")
   g, b = int(feature_group_count), int(batch_group_count)
   n, c = lhs.shape[lhs_spec[0]], lhs.shape[lhs_spec[1]]
   k, cg = rhs.shape[rhs_spec[0]], rhs.shape[rhs_spec[1]]
   if g > 1 and b > 1:
-    raise ValueError(f"{fn}: at most one of batch_group_count and feature_group_count may be > 1, got "
-                     f"batch_group_count={b} and feature_group_count={g}")
+    raise ValueError(f"{fn}: at most one of batch_group_count and {groups_name} may be > 1, got "
+                     f"batch_group_count={b} and {groups_name}={g}")
   if c % g:
-    raise ValueError(f"{fn}: feature_group_count must divide lhs feature dimension size, but {g} does not "
+    raise ValueError(f"{fn}: {groups_name} must divide lhs feature dimension size, but {g} does not "
                      f"divide {c}.")
   if c // g != cg:
-    raise ValueError(f"{fn}: lhs feature dimension size divided by feature_group_count must equal the rhs "
+    raise ValueError(f"{fn}: lhs feature dimension size divided by {groups_name} must equal the rhs "
                      f"input feature dimension size, but {c} // {g} != {cg}.")
   if k % g:
-    raise ValueError(f"{fn}: rhs output feature dimension size must be a multiple of feature_group_count, "
+    raise ValueError(f"{fn}: rhs output feature dimension size must be a multiple of {groups_name}, "
                      f"but {k} is not a multiple of {g}.")
   if n % b:
     raise ValueError(f"{fn}: batch_group_count must divide lhs batch dimension size, but {b} does not "
@@ -271,10 +272,10 @@ def _conv_nd(nsp, x, w, bias=None, *, stride=1, padding="VALID", dilation=1, gro
     dn = lax.ConvDimensionNumbers(tuple(range(nd)), tuple(range(nd)), tuple(range(nd)))
   return _conv(x, w, bias, window_strides=_int_tuple(stride, nsp, "stride", fn),
                padding=_padding_for_conv_nd(padding, nsp, fn), lhs_dilation=None,
-               rhs_dilation=_int_tuple(dilation, nsp, "dilation", fn), dimension_numbers=dn,
+               rhs_dilation=_int_tuple(dilation, nsp, "dilation", fn, error=TypeError), dimension_numbers=dn,
                feature_group_count=groups, batch_group_count=1, precision=precision,
                preferred_element_type=preferred_element_type, activation=activation, algorithm=algorithm,
-               fn=fn)
+               fn=fn, groups_name="groups")
 
 
 _CONV_ND_DOC = """{n}-D convolution on jaxconv's kernels, with an optional fused bias and activation.
