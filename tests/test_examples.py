@@ -48,7 +48,10 @@ def test_quick_mode_trains_both_models_and_plots(tmp_path, capsys):
 def test_same_loss_curve_as_lax(data, model):
   """Same seed, same batches, lax.conv_general_dilated vs jaxconv: the loss curves agree."""
   run = functools.partial(digits.train, model, steps=40, eval_every=40, seed=3, data=data, progress=False)
-  ref, got = run(backend="lax"), run(backend="jaxconv")
+  # True float32 everywhere (on a GPU, XLA's DEFAULT precision would run lax's convs and the dense layers
+  # in TF32, and the curves would part for that reason alone).
+  with jax.default_matmul_precision("highest"):
+    ref, got = run(backend="lax"), run(backend="jaxconv")
   # Drop-in modules: the two models have the same parameter tree.
   assert jax.tree.structure(ref["variables"]) == jax.tree.structure(got["variables"])
   np.testing.assert_allclose(got["losses"], ref["losses"], rtol=2e-3, atol=1e-5)
@@ -65,6 +68,7 @@ def _all_eqns(jaxpr):
           yield from _all_eqns(inner)
 
 
+@jax.default_matmul_precision("highest")  # no TF32 in the dense layer on a GPU: compare true float32
 def test_per_example_gradients_cnn(data):
   x_train, y_train, _, _ = data
   x, y = jnp.asarray(x_train[:12]), jnp.asarray(y_train[:12])

@@ -51,7 +51,7 @@ def test_export_needs_the_custom_call_opt_out(rng):
 def test_export_forward_in_memory(rng):
   args = _args(rng)
   exp = export.export(jax.jit(_f), disabled_checks=CHECKS)(*args)
-  assert exp.platforms == ("cpu",)
+  assert exp.platforms == (export.default_export_platform(),)
   assert "stablehlo.custom_call @jaxconv_fwd" in exp.mlir_module()
   cu.assert_close(exp.call(*args), _f(*args), 0.0, "exported forward")
 
