@@ -140,3 +140,10 @@ def test_forced_algorithm(algorithm, dtype, rng):
       ref = 0.5 * ref * (1 + np.tanh(np.sqrt(2 / np.pi) * (ref + 0.044715 * ref ** 3)))
     cu.assert_close(y, ref, cu.tolerance(dtype), f"algorithm={algorithm} act={act}")
     cu.assert_close(yauto, ref, cu.tolerance(dtype), f"auto act={act}")
+  # The forced algorithm also runs the data and filter gradients (the spec carries it into the transposes).
+  conv = functools.partial(fn, algorithm=algorithm, precision="highest", **opts)
+  ct = jnp.asarray(cu.randn(rng, conv(x, w).shape, dtype))
+  dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
+  ref_dx, ref_dw = cu.ref_conv_vjp(np.asarray(x), np.asarray(w), np.asarray(ct), **kw)
+  cu.assert_close(dx, ref_dx, cu.tolerance(dtype), f"algorithm={algorithm} dgrad")
+  cu.assert_close(dw, ref_dw, cu.tolerance(dtype), f"algorithm={algorithm} wgrad")
