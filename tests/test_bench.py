@@ -1,0 +1,62 @@
+"""The benchmark harness: its quick mode end to end (the README's benchmark command), and its statistics."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jaxconv.bench import cases, stats
+
+
+def test_quick_benchmark_runs_and_writes_its_reports(tmp_path):
+  t0 = time.perf_counter()
+  proc = subprocess.run([sys.executable, "-m", "jaxconv.bench", "--quick", "--out", str(tmp_path)],
+                        capture_output=True, text=True, timeout=300)
+  seconds = time.perf_counter() - t0
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert seconds < 120, f"--quick took {seconds:.0f} s (the issue allows 2 minutes)"
+  res = json.loads((tmp_path / "results.json").read_text())
+  assert res["results"]
+  for r in res["results"]:
+    for impl in ("jaxconv", "lax"):
+      t = r["impls"][impl].get("time_s")
+      assert t is not None and t > 0, (r["case"]["name"], impl, r["impls"][impl])
+    # Both sides computed the same convolution on the same inputs.
+    assert r["rel_err"] < 2e-2, (r["case"]["name"], r["dtype"], r["rel_err"])
+  md = (tmp_path / "results.md").read_text()
+  assert "jaxconv" in md and "lax" in md
+  for png in ("speedup.png", "roofline.png"):
+    assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_slope_fit_recovers_a_known_device_time():
+  rng = np.random.default_rng(0)
+  a, b = 150e-6, 37e-6  # dispatch and per-op time
+  samples = {t: list(a + b * t + rng.normal(0, 2e-6, 12)) for t in (1, 2, 4, 8, 16)}
+  fit = stats.fit_samples(samples)
+  assert fit["ok"], fit
+  lo, hi = fit["ci"]
+  assert lo < b < hi and hi - lo < 0.1 * b, fit
+  assert abs(fit["b"] - b) < 0.02 * b
+
+
+def test_slope_fit_flags_noise_it_cannot_resolve():
+  rng = np.random.default_rng(1)
+  samples = {t: list(150e-6 + rng.normal(0, 50e-6, 6)) for t in (1, 2, 4, 8)}  # no signal at all
+  assert not stats.fit_samples(samples)["ok"]
+
+
+def test_t_quantile_matches_tables():
+  assert stats.t_quantile(0.95, 10) == pytest.approx(1.8125, abs=1e-4)  # two-sided 90%, 10 dof
+  assert stats.t_quantile(0.975, 3) == pytest.approx(3.1824, abs=1e-4)
+
+
+def test_flop_count_of_a_strided_grouped_case():
+  case = cases.parse_case_spec("2:9x10:4->6:3x3:s2:p1:g2")
+  oh, ow = (9 + 2 - 3) // 2 + 1, (10 + 2 - 3) // 2 + 1
+  assert case.out_spatial == (oh, ow)
+  assert case.flops("fwd") == 2 * 2 * oh * ow * 6 * (4 // 2) * 9
