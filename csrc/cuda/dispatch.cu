@@ -14,7 +14,12 @@ Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo) {
   Status st;
   switch (want) {
     case kAlgoAuto:
-      *algo = DepthwiseApplies(p) ? kAlgoDepthwise : AutoLong1D(p) ? kAlgoLong1D : kAlgoDirect;
+      // long 1-D windows keep the tiled long1d kernel; small channel counts (including c == k == 1, which
+      // DepthwiseApplies also accepts) take small_channel; then depthwise; else direct.
+      *algo = AutoLong1D(p)              ? kAlgoLong1D
+              : SmallChannelApplies(p)   ? kAlgoSmallChannel
+              : DepthwiseApplies(p)      ? kAlgoDepthwise
+                                         : kAlgoDirect;
       return st;
     case kAlgoDirect: *algo = kAlgoDirect; return st;
     case kAlgoDepthwise:
@@ -34,6 +39,15 @@ Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo) {
       }
       *algo = kAlgoLong1D;
       return st;
+    case kAlgoSmallChannel:
+      if (!SmallChannelApplies(p)) {
+        st.code = 1;
+        st.msg = "algorithm=small requires channels-last layout, groups == batch_groups == 1, 1 <= c <= 16, "
+                 "1 <= k <= 64 and window taps * c * k <= 12288";
+        return st;
+      }
+      *algo = kAlgoSmallChannel;
+      return st;
     default:
       st.code = 1;
       st.msg = "unknown algorithm " + std::to_string(want);
@@ -43,6 +57,9 @@ Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo) {
 
 size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo, int sms) {
   if (op != CudaOp::kWgrad) return 0;
+  if (algo == kAlgoSmallChannel) {  // always scratch (one partial vector per chunk), even for one chunk
+    return static_cast<size_t>(SmallChannelWgradChunks(p, sms)) * static_cast<size_t>(WElements(p)) * AccBytes(in);
+  }
   int64_t splits = 1;
   switch (algo) {
     case kAlgoDepthwise: splits = DepthwiseWgradSplits(p, in, sms); break;
@@ -59,16 +76,22 @@ Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, cons
   cudaError_t e = cudaSuccess;
   switch (op) {
     case CudaOp::kFwd:
-      e = algo == kAlgoDepthwise ? DepthwiseFwd(p, in, out, a, b, bias, out_buf, stream)
+      e = algo == kAlgoSmallChannel ? SmallChannelFwd(p, in, out, a, b, bias, out_buf, stream)
+          : algo == kAlgoDepthwise ? DepthwiseFwd(p, in, out, a, b, bias, out_buf, stream)
           : algo == kAlgoLong1D  ? Long1DFwd(p, in, out, a, b, bias, out_buf, stream)
                                  : DirectFwd(p, in, out, a, b, bias, out_buf, stream);
       break;
     case CudaOp::kDgrad:
-      e = algo == kAlgoDepthwise ? DepthwiseDgrad(p, in, out, a, b, out_buf, stream)
+      e = algo == kAlgoSmallChannel ? SmallChannelDgrad(p, in, out, a, b, out_buf, stream)
+          : algo == kAlgoDepthwise ? DepthwiseDgrad(p, in, out, a, b, out_buf, stream)
           : algo == kAlgoLong1D  ? Long1DDgrad(p, in, out, a, b, out_buf, stream)
                                  : DirectDgrad(p, in, out, a, b, out_buf, stream);
       break;
     case CudaOp::kWgrad: {
+      if (algo == kAlgoSmallChannel) {
+        e = SmallChannelWgrad(p, in, out, a, b, out_buf, scratch, scratch_bytes, sms, stream);
+        break;
+      }
       // Same split count as ScratchBytes computed; fall back to no split if the scratch is missing/short.
       int64_t splits = algo == kAlgoDepthwise ? DepthwiseWgradSplits(p, in, sms)
                        : algo == kAlgoLong1D  ? Long1DWgradSplits(p, in, sms)

@@ -36,6 +36,7 @@ Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, cons
 // ---- predicates ----
 bool DepthwiseApplies(const ConvParams& p);
 bool Long1DApplies(const ConvParams& p);
+bool SmallChannelApplies(const ConvParams& p);
 
 // ---- direct.cu: every configuration ----
 cudaError_t DirectFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
@@ -61,6 +62,18 @@ cudaError_t Long1DDgrad(const ConvParams& p, DT in, DT out, const void* dy, cons
 int64_t Long1DWgradSplits(const ConvParams& p, DT in, int sms);
 cudaError_t Long1DWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
                         int64_t splits, cudaStream_t s);
+
+// ---- small_channel.cu: channels-last, groups == batch_groups == 1, 1 <= c <= 16, 1 <= k <= 64 ----
+// fwd/dgrad fall back to the direct kernels internally when the staged filter does not fit in shared memory.
+cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+                            void* y, cudaStream_t s);
+cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+                              cudaStream_t s);
+// wgrad always uses scratch: chunks * WElements accumulators (chunks from SmallChannelWgradChunks); without
+// enough scratch it falls back to the direct wgrad without split.
+int64_t SmallChannelWgradChunks(const ConvParams& p, int sms);
+cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
+                              void* scratch, size_t scratch_bytes, int sms, cudaStream_t s);
 
 // ---- shared: out[e] = sum_{s < splits} scratch[s * count + e] in fixed order (direct.cu) ----
 cudaError_t ReduceSplits(DT in, DT out, const void* scratch, int64_t splits, int64_t count, void* dst,
