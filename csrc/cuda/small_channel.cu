@@ -30,17 +30,29 @@ constexpr int64_t kSmemDefault = 48 * 1024;
 constexpr int64_t kSmemMax = 96 * 1024;  // opt-in (sm_80: 163 KiB, sm_86/89: 99 KiB, sm_90: 227 KiB)
 
 struct ScArgs {
-  int64_t n, tsp[3], taps[3];
-  int64_t alpha[3], beta[3], gamma[3], delta[3], lim[3];
-  int64_t sN, sS[3];  // source strides (channel stride 1)
-  int64_t dN, dS[3];  // destination strides (channel stride 1)
-  int64_t wF, wCi, wCo;  // w element offset of (f, ci, co)
-  int64_t gw, total;     // pixel groups along the last dim; n * tsp0 * tsp1 * gw
+  int64_t n, sN, dN;  // batch; batch strides of source and destination
+  int64_t gw, total;  // pixel groups along the last dim; n * tsp0 * tsp1 * gw
+  // Per-image coordinates and offsets are 32-bit (SmallChannelApplies bounds them).
+  int tsp[3], taps[3];
+  int alpha[3], beta[3], gamma[3], delta[3], lim[3];
+  int sS[3], dS[3];    // source / destination spatial strides (channel stride 1)
+  int wF, wCi, wCo;    // w element offset of (f, ci, co)
   int cin, cout, ntaps, unit, act, has_bias;
 };
 
+// Non-negative q: q / d when q % d == 0 and the quotient is < lim, else -1.
+__device__ __forceinline__ int TapIndex(int q, int d, int lim) {
+  if (q < 0) return -1;
+  if (d != 1) {
+    const int t = static_cast<int>(static_cast<unsigned>(q) / static_cast<unsigned>(d));
+    if (t * d != q) return -1;
+    q = t;
+  }
+  return q < lim ? q : -1;
+}
+
 template <class T, class TO, int CO, int P>
-__global__ void __launch_bounds__(kThreads) ScGatherKernel(const ScArgs g, const T* __restrict__ src,
+__global__ void __launch_bounds__(kThreads, (CO >= 64 || sizeof(T) == 8) ? 1 : 2) ScGatherKernel(const ScArgs g, const T* __restrict__ src,
                                                            const T* __restrict__ w, const TO* __restrict__ bias,
                                                            TO* __restrict__ dst) {
   using Acc = typename AccOf<T>::type;
@@ -52,18 +64,20 @@ __global__ void __launch_bounds__(kThreads) ScGatherKernel(const ScArgs g, const
     for (int e = threadIdx.x; e < wn; e += kThreads) {
       const int co = e % CO, r = e / CO;
       const int ci = r % cin, f = r / cin;
-      wt[e] = co < g.cout ? ToAcc(w[f * g.wF + ci * g.wCi + co * g.wCo]) : Acc(0);
+      wt[e] = co < g.cout ? ToAcc(w[static_cast<int64_t>(f) * g.wF + ci * g.wCi + co * g.wCo]) : Acc(0);
     }
   }
   __syncthreads();
+  const int step2 = g.alpha[2] * g.sS[2];  // source offset between consecutive pixels of a group
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < g.total; e += step) {
-    int64_t rem = e, gq, t1, t0;
-    { const int64_t q_ = DivNN(rem, g.gw); gq = rem - q_ * g.gw; rem = q_; }
-    { const int64_t q_ = DivNN(rem, g.tsp[1]); t1 = rem - q_ * g.tsp[1]; rem = q_; }
-    { const int64_t q_ = DivNN(rem, g.tsp[0]); t0 = rem - q_ * g.tsp[0]; rem = q_; }
+    int64_t rem = e;
+    int gq, t1, t0;
+    { const int64_t q_ = DivNN(rem, g.gw); gq = static_cast<int>(rem - q_ * g.gw); rem = q_; }
+    { const int64_t q_ = DivNN(rem, g.tsp[1]); t1 = static_cast<int>(rem - q_ * g.tsp[1]); rem = q_; }
+    { const int64_t q_ = DivNN(rem, g.tsp[0]); t0 = static_cast<int>(rem - q_ * g.tsp[0]); rem = q_; }
     const int64_t n = rem;
-    const int64_t t2 = gq * P;
+    const int t2 = gq * P;
     Acc acc[P][CO];
 #pragma unroll
     for (int p = 0; p < P; ++p)
@@ -71,54 +85,59 @@ __global__ void __launch_bounds__(kThreads) ScGatherKernel(const ScArgs g, const
       for (int co = 0; co < CO; ++co) acc[p][co] = Acc(0);
     const T* sbase = src + n * g.sN;
     int f = 0;
-    for (int64_t f0 = 0; f0 < g.taps[0]; ++f0) {
-      int64_t q0 = t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0];
-      bool ok0 = q0 >= 0;
-      if (ok0 && g.delta[0] != 1) {
-        const int64_t d_ = DivNN(q0, g.delta[0]);
-        ok0 = d_ * g.delta[0] == q0;
-        q0 = d_;
-      }
-      ok0 = ok0 && q0 < g.lim[0];
-      if (!ok0) { f += static_cast<int>(g.taps[1] * g.taps[2]); continue; }
-      for (int64_t f1 = 0; f1 < g.taps[1]; ++f1) {
-        int64_t q1 = t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1];
-        bool ok1 = q1 >= 0;
-        if (ok1 && g.delta[1] != 1) {
-          const int64_t d_ = DivNN(q1, g.delta[1]);
-          ok1 = d_ * g.delta[1] == q1;
-          q1 = d_;
-        }
-        ok1 = ok1 && q1 < g.lim[1];
-        if (!ok1) { f += static_cast<int>(g.taps[2]); continue; }
-        const T* rowp = sbase + q0 * g.sS[0] + q1 * g.sS[1];
-        for (int64_t f2 = 0; f2 < g.taps[2]; ++f2, ++f) {
+    for (int f0 = 0; f0 < g.taps[0]; ++f0) {
+      const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], g.delta[0], g.lim[0]);
+      if (q0 < 0) { f += g.taps[1] * g.taps[2]; continue; }
+      for (int f1 = 0; f1 < g.taps[1]; ++f1) {
+        const int q1 = TapIndex(t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1], g.delta[1], g.lim[1]);
+        if (q1 < 0) { f += g.taps[2]; continue; }
+        const T* rowp = sbase + (q0 * g.sS[0] + q1 * g.sS[1]);
+        for (int f2 = 0; f2 < g.taps[2]; ++f2, ++f) {
           const Acc* wrow = wt + f * cin * CO;
-          const int64_t qb = t2 * g.alpha[2] + g.beta[2] + f2 * g.gamma[2];
-#pragma unroll
-          for (int p = 0; p < P; ++p) {
-            int64_t q2 = qb + p * g.alpha[2];
-            bool ok2 = q2 >= 0;
-            if (ok2 && !g.unit) {
-              const int64_t d_ = DivNN(q2, g.delta[2]);
-              ok2 = d_ * g.delta[2] == q2;
-              q2 = d_;
-            }
-            ok2 = ok2 && q2 < g.lim[2];
-            if (ok2) {
-              const T* xp = rowp + q2 * g.sS[2];
+          const int qb = t2 * g.alpha[2] + g.beta[2] + f2 * g.gamma[2];
+          if (g.unit && qb >= 0 && qb + (P - 1) * g.alpha[2] < g.lim[2]) {
+            // interior: all P source pixels valid, one check for the group
+            const T* xp = rowp + qb * g.sS[2];
 #pragma unroll 2
-              for (int ci = 0; ci < cin; ++ci) {
-                const Acc v = ToAcc(xp[ci]);
+            for (int ci = 0; ci < cin; ++ci) {
+              if constexpr (CO <= 16) {
+                Acc wv[CO];
 #pragma unroll
-                for (int co = 0; co < CO; ++co) acc[p][co] = fma(v, wrow[ci * CO + co], acc[p][co]);
+                for (int co = 0; co < CO; ++co) wv[co] = wrow[ci * CO + co];
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                  const Acc v = ToAcc(xp[p * step2 + ci]);
+#pragma unroll
+                  for (int co = 0; co < CO; ++co) acc[p][co] = fma(v, wv[co], acc[p][co]);
+                }
+              } else {
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                  const Acc v = ToAcc(xp[p * step2 + ci]);
+#pragma unroll
+                  for (int co = 0; co < CO; ++co) acc[p][co] = fma(v, wrow[ci * CO + co], acc[p][co]);
+                }
+              }
+            }
+          } else {
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+              const int q2 = TapIndex(qb + p * g.alpha[2], g.delta[2], g.lim[2]);
+              if (q2 >= 0) {
+                const T* xp = rowp + q2 * g.sS[2];
+#pragma unroll 2
+                for (int ci = 0; ci < cin; ++ci) {
+                  const Acc v = ToAcc(xp[ci]);
+#pragma unroll
+                  for (int co = 0; co < CO; ++co) acc[p][co] = fma(v, wrow[ci * CO + co], acc[p][co]);
+                }
               }
             }
           }
         }
       }
     }
-    TO* dbase = dst + n * g.dN + t0 * g.dS[0] + t1 * g.dS[1];
+    TO* dbase = dst + n * g.dN + (t0 * g.dS[0] + t1 * g.dS[1]);
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (t2 + p >= g.tsp[2]) break;
@@ -177,15 +196,16 @@ cudaError_t RunGather(const ScArgs& g, DT in, DT out, const void* src, const voi
 
 // ---- wgrad ----
 struct ScWgArgs {
-  int64_t osp[3], in[3], taps[3], stride[3], pad[3], ldil[3], rdil[3];
-  int64_t xN, xS[3], dN, dS[3];
+  int64_t xN, dN;  // batch strides of x and dy
   int64_t rtotal, per_chunk, chunks, welems;
+  int osp[3], in[3], taps[3], stride[3], pad[3], ldil[3], rdil[3];  // 32-bit (SmallChannelApplies bounds them)
+  int xS[3], dS[3];
   int c, k, ntaps, tf, ktiles, nslices, unit;
 };
 
 // Block b: slice = b % nslices (ktile = slice % ktiles, tap slice = slice / ktiles), chunk = b / nslices.
 template <class T, int CB, int KB, int TF>
-__global__ void __launch_bounds__(kThreads) ScWgradKernel(const ScWgArgs g, const T* __restrict__ x,
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 8 ? 1 : 2) ScWgradKernel(const ScWgArgs g, const T* __restrict__ x,
                                                           const T* __restrict__ dy,
                                                           typename AccOf<T>::type* __restrict__ scratch) {
   using Acc = typename AccOf<T>::type;
@@ -199,9 +219,8 @@ __global__ void __launch_bounds__(kThreads) ScWgradKernel(const ScWgArgs g, cons
     const int kt = slice % g.ktiles, ts = slice / g.ktiles;
     const int k0 = kt * KB, fstart = ts * TF;
     const int nt = min(TF, g.ntaps - fstart);
-    const int s12 = static_cast<int>(g.taps[1] * g.taps[2]);
-    const int s0 = fstart / s12, s1 = (fstart % s12) / static_cast<int>(g.taps[2]),
-              s2 = fstart % static_cast<int>(g.taps[2]);
+    const int s12 = g.taps[1] * g.taps[2];
+    const int s0 = fstart / s12, s1 = (fstart % s12) / g.taps[2], s2 = fstart % g.taps[2];
     Acc acc[TF][CB][KB];
 #pragma unroll
     for (int j = 0; j < TF; ++j)
@@ -213,34 +232,37 @@ __global__ void __launch_bounds__(kThreads) ScWgradKernel(const ScWgArgs g, cons
     const int64_t r_end = min(g.rtotal, r_begin + g.per_chunk);
     if (r_begin + tid < r_end) {
       int64_t rem = r_begin + tid;
-      int64_t o2; { const int64_t q_ = DivNN(rem, g.osp[2]); o2 = rem - q_ * g.osp[2]; rem = q_; }
-      int64_t o1; { const int64_t q_ = DivNN(rem, g.osp[1]); o1 = rem - q_ * g.osp[1]; rem = q_; }
-      int64_t o0; { const int64_t q_ = DivNN(rem, g.osp[0]); o0 = rem - q_ * g.osp[0]; rem = q_; }
+      int o2, o1, o0;
+      { const int64_t q_ = DivNN(rem, g.osp[2]); o2 = static_cast<int>(rem - q_ * g.osp[2]); rem = q_; }
+      { const int64_t q_ = DivNN(rem, g.osp[1]); o1 = static_cast<int>(rem - q_ * g.osp[1]); rem = q_; }
+      { const int64_t q_ = DivNN(rem, g.osp[0]); o0 = static_cast<int>(rem - q_ * g.osp[0]); rem = q_; }
       int64_t n = rem;
       for (int64_t r = r_begin + tid; r < r_end; r += kThreads) {
-        const T* dyp = dy + n * g.dN + o0 * g.dS[0] + o1 * g.dS[1] + o2 * g.dS[2] + k0;
+        const T* dyp = dy + n * g.dN + (o0 * g.dS[0] + o1 * g.dS[1] + o2 * g.dS[2] + k0);
         Acc dv[KB];
 #pragma unroll
         for (int kk = 0; kk < KB; ++kk) dv[kk] = (k0 + kk < g.k) ? ToAcc(dyp[kk]) : Acc(0);
-        const int64_t b0 = o0 * g.stride[0] - g.pad[0], b1 = o1 * g.stride[1] - g.pad[1],
-                      b2 = o2 * g.stride[2] - g.pad[2];
+        const int b0 = o0 * g.stride[0] - g.pad[0], b1 = o1 * g.stride[1] - g.pad[1],
+                  b2 = o2 * g.stride[2] - g.pad[2];
         const T* xn = x + n * g.xN;
-        int64_t g0 = s0, g1 = s1, g2 = s2;
+        int g0 = s0, g1 = s1, g2 = s2;
 #pragma unroll
         for (int j = 0; j < TF; ++j) {
           if (j < nt) {
-            int64_t p0 = b0 + g0 * g.rdil[0], p1 = b1 + g1 * g.rdil[1], p2 = b2 + g2 * g.rdil[2];
-            bool ok = p0 >= 0 && p1 >= 0 && p2 >= 0;
-            if (ok && !g.unit) {
-              const int64_t d0 = DivNN(p0, g.ldil[0]), d1 = DivNN(p1, g.ldil[1]), d2 = DivNN(p2, g.ldil[2]);
-              ok = d0 * g.ldil[0] == p0 && d1 * g.ldil[1] == p1 && d2 * g.ldil[2] == p2;
-              p0 = d0;
-              p1 = d1;
-              p2 = d2;
+            int p0 = b0 + g0 * g.rdil[0], p1 = b1 + g1 * g.rdil[1], p2 = b2 + g2 * g.rdil[2];
+            bool ok;
+            if (g.unit) {
+              ok = static_cast<unsigned>(p0) < static_cast<unsigned>(g.in[0]) &&
+                   static_cast<unsigned>(p1) < static_cast<unsigned>(g.in[1]) &&
+                   static_cast<unsigned>(p2) < static_cast<unsigned>(g.in[2]);
+            } else {
+              p0 = TapIndex(p0, g.ldil[0], g.in[0]);
+              p1 = TapIndex(p1, g.ldil[1], g.in[1]);
+              p2 = TapIndex(p2, g.ldil[2], g.in[2]);
+              ok = p0 >= 0 && p1 >= 0 && p2 >= 0;
             }
-            ok = ok && p0 < g.in[0] && p1 < g.in[1] && p2 < g.in[2];
             if (ok) {
-              const T* xp = xn + p0 * g.xS[0] + p1 * g.xS[1] + p2 * g.xS[2];
+              const T* xp = xn + (p0 * g.xS[0] + p1 * g.xS[1] + p2 * g.xS[2]);
 #pragma unroll
               for (int ci = 0; ci < CB; ++ci) {
                 if (ci < g.c) {
@@ -256,20 +278,28 @@ __global__ void __launch_bounds__(kThreads) ScWgradKernel(const ScWgArgs g, cons
             }
           }
         }
-        // advance (n, o0, o1, o2) by kThreads positions
+        // advance (n, o0, o1, o2) by kThreads positions (mixed-radix carry; a division only on a wrap)
         o2 += kThreads;
-        while (o2 >= g.osp[2]) {
-          o2 -= g.osp[2];
-          if (++o1 >= g.osp[1]) {
-            o1 = 0;
-            if (++o0 >= g.osp[0]) { o0 = 0; ++n; }
+        if (o2 >= g.osp[2]) {
+          int cq = static_cast<int>(static_cast<unsigned>(o2) / static_cast<unsigned>(g.osp[2]));
+          o2 -= cq * g.osp[2];
+          o1 += cq;
+          if (o1 >= g.osp[1]) {
+            cq = static_cast<int>(static_cast<unsigned>(o1) / static_cast<unsigned>(g.osp[1]));
+            o1 -= cq * g.osp[1];
+            o0 += cq;
+            if (o0 >= g.osp[0]) {
+              cq = static_cast<int>(static_cast<unsigned>(o0) / static_cast<unsigned>(g.osp[0]));
+              o0 -= cq * g.osp[0];
+              n += cq;
+            }
           }
         }
       }
     }
-    // fixed-order block reduction: lanes by xor-free shuffle-down tree, then warps in order
+    // fixed-order block reduction: a shuffle-down tree per warp, then the warps in order
     const int lane = tid & 31, warp = tid >> 5;
-    __syncthreads();  // red reuse across grid-stride iterations
+    __syncthreads();  // red is reused across grid-stride iterations
 #pragma unroll
     for (int j = 0; j < TF; ++j)
 #pragma unroll
@@ -328,6 +358,7 @@ WgCfg PickWgCfg(const ConvParams& p) {
   if (r.cb == 16) r.kb = k == 1 ? 1 : 4;
   else r.kb = k == 1 ? 1 : k <= 4 ? 4 : 16;
   r.tf = 64 / (r.cb * r.kb);
+  if (r.tf > 32) r.tf = 32;  // 3x3, 5x5 in one slice
   if (r.tf < 1) r.tf = 1;
   return r;
 }
@@ -383,7 +414,7 @@ cudaError_t LaunchWg(const ScWgArgs& g, const void* x, const void* dy, void* scr
 
 template <class T>
 cudaError_t WgByCfg(const ScWgArgs& g, const WgCfg& c, const void* x, const void* dy, void* scratch, cudaStream_t s) {
-  if (c.cb == 1 && c.kb == 1) return LaunchWg<T, 1, 1, 64>(g, x, dy, scratch, s);
+  if (c.cb == 1 && c.kb == 1) return LaunchWg<T, 1, 1, 32>(g, x, dy, scratch, s);
   if (c.cb == 1 && c.kb == 4) return LaunchWg<T, 1, 4, 16>(g, x, dy, scratch, s);
   if (c.cb == 1) return LaunchWg<T, 1, 16, 4>(g, x, dy, scratch, s);
   if (c.cb == 4 && c.kb == 1) return LaunchWg<T, 4, 1, 16>(g, x, dy, scratch, s);
@@ -399,7 +430,23 @@ bool SmallChannelApplies(const ConvParams& p) {
   if (p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
   if (p.c[0] < 1 || p.c[0] > 16 || p.k[0] < 1 || p.k[0] > 64) return false;
   const int64_t ntaps = SpatialCount(p.win);
-  return ntaps >= 1 && ntaps * p.c[0] * p.k[0] <= 12288;
+  if (ntaps < 1 || ntaps * p.c[0] * p.k[0] > 12288) return false;
+  // The kernels do per-image coordinate and offset arithmetic in 32 bits: bound every coordinate they form
+  // (fwd q = o*stride - pad_lo + f*rhs_dil, dgrad q = i*lhs_dil + pad_lo - f*rhs_dil, plus a few strides of
+  // look-ahead) and the per-image element counts of x and y.
+  const int64_t kLim = int64_t(1) << 30;
+  for (int d = 0; d < 3; ++d) {
+    const int64_t plo = p.pad_lo[d] < 0 ? -p.pad_lo[d] : p.pad_lo[d];
+    const int64_t phi = p.pad_hi[d] < 0 ? -p.pad_hi[d] : p.pad_hi[d];
+    if (p.in[d] >= kLim || p.out[d] >= kLim || p.win[d] >= kLim || p.stride[d] >= kLim || p.lhs_dil[d] >= kLim ||
+        p.rhs_dil[d] >= kLim || plo >= kLim || phi >= kLim) {
+      return false;
+    }
+    const int64_t a = p.in[d] * p.lhs_dil[d] + plo + phi + p.win[d] * p.rhs_dil[d] + p.out[d] * p.stride[d] +
+                      8 * (p.stride[d] + p.lhs_dil[d]);  // all terms < 2^60: no overflow
+    if (a >= kLim) return false;
+  }
+  return SpatialCount(p.in) * p.c[0] < kLim && SpatialCount(p.out) * p.k[0] < kLim;
 }
 
 cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
