@@ -119,6 +119,7 @@ ALGO_CASES = {
     "direct": ((2, 13, 11, 6), (3, 3, 3, 4), dict(padding="SAME", groups=2)),
     "depthwise": ((2, 29, 31, 16), (5, 5, 1, 16), dict(padding="SAME", groups=16, stride=2)),
     "long1d": ((3, 4099, 2), (129, 2, 3), dict(padding="SAME")),
+    "small": ((2, 37, 41, 3), (5, 5, 3, 7), dict(padding=((2, 1), (3, 0)), stride=2, dilation=(1, 2))),
 }
 
 
@@ -134,6 +135,7 @@ def test_forced_algorithm(algorithm, dtype, rng):
     yauto = jax.jit(functools.partial(fn, activation=act, precision="highest", **opts))(x, w, b)
     sp = "DHW"[3 - ns:]
     kw = dict(window_strides=(opts.get("stride", 1),) * ns, padding=opts["padding"],
+              rhs_dilation=opts.get("dilation", (1,) * ns),
               dimension_numbers=("N" + sp + "C", sp + "IO", "N" + sp + "C"), feature_group_count=opts.get("groups", 1))
     ref = cu.ref_conv(np.asarray(x), np.asarray(w), **kw) + cu.f64(np.asarray(b))
     if act == "gelu":
