@@ -124,7 +124,8 @@ def run_metadata(argv) -> dict:
     import jaxlib
     dev = jax.devices()[0]
     here = os.path.dirname(os.path.abspath(__file__))
-    commit = _git(["rev-parse", "HEAD"], here)
+    # A copy of the tree without .git (as on a lent GPU machine) names its commit in JAXCONV_COMMIT.
+    commit = _git(["rev-parse", "HEAD"], here) or os.environ.get("JAXCONV_COMMIT")
     dirty = bool(_git(["status", "--porcelain", "--untracked-files=no"], here)) if commit else None
     meta = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
