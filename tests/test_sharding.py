@@ -123,8 +123,11 @@ def _worker(partitioner: str) -> None:
     got, ops, reduced = sharded(step, [w1, w2], put(x, mesh1, "data"))
     close(got, ref(step, [w1, w2], x), "step")
     assert ops["all-gather"] == 0, f"activations all-gathered: {ops}"
-    # Exactly one psum per filter gradient (XLA may combine them into one tuple all-reduce), nothing else.
-    assert reduced == ["f32[3,3,3,8]", "f32[3,3,8,4]"], reduced
+    # The filter gradients are summed once and nothing else is: XLA may combine them into one tuple
+    # all-reduce (CPU) or one flattened buffer (GPU, seen 2026-11-22: f32[504] = 3*3*3*8 + 3*3*8*4).
+    sizes = [int(np.prod([int(d) for d in re.findall(r"\d+", t.split("[", 1)[1])])) for t in reduced]
+    assert sum(sizes) == 3 * 3 * 3 * 8 + 3 * 3 * 8 * 4 and all(t.startswith("f32[") for t in reduced), reduced
+    assert ops["all-reduce"] <= 2, ops
     assert sum(ops.values()) == ops["all-reduce"], ops
     return {"ops": ops, "all_reduce": reduced}
 
