@@ -487,17 +487,20 @@ def _sub_jaxprs(value):
       yield from _sub_jaxprs(v)
 
 
-def primitive_names(jaxpr):
-  """Multiset (list) of primitive names in a (Closed)Jaxpr, recursing into every sub-jaxpr."""
+def all_eqns(jaxpr):
+  """Every equation of a (Closed)Jaxpr, recursing into every sub-jaxpr."""
   if hasattr(jaxpr, "consts") and hasattr(jaxpr, "jaxpr"):
     jaxpr = jaxpr.jaxpr
-  names = []
   for eqn in jaxpr.eqns:
-    names.append(eqn.primitive.name)
+    yield eqn
     for v in eqn.params.values():
       for sub in _sub_jaxprs(v):
-        names.extend(primitive_names(sub))
-  return names
+        yield from all_eqns(sub)
+
+
+def primitive_names(jaxpr):
+  """Multiset (list) of primitive names in a (Closed)Jaxpr, recursing into every sub-jaxpr."""
+  return [eqn.primitive.name for eqn in all_eqns(jaxpr)]
 
 
 JAXCONV_PRIMS = ("jaxconv_fwd", "jaxconv_dgrad", "jaxconv_wgrad")

@@ -58,16 +58,6 @@ def test_same_loss_curve_as_lax(data, model):
   assert got["losses"][-1] < 0.8 * got["losses"][0]  # and it is learning
 
 
-def _all_eqns(jaxpr):
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for v in eqn.params.values():
-      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from _all_eqns(inner)
-
-
 @jax.default_matmul_precision("highest")  # no TF32 in the dense layer on a GPU: compare true float32
 def test_per_example_gradients_cnn(data):
   x_train, y_train, _, _ = data
@@ -95,10 +85,10 @@ def test_per_example_gradients_cnn(data):
   # One custom call per convolution op: the forward conv and one grouped filter gradient for the whole
   # batch (vmap folds the examples into feature groups), no loop, no data gradient (x is not differentiated).
   jaxpr = jax.make_jaxpr(per_example)(params, x, y).jaxpr
-  convs = [e for e in _all_eqns(jaxpr) if e.primitive.name.startswith("jaxconv_")]
+  convs = [e for e in cu.all_eqns(jaxpr) if e.primitive.name.startswith("jaxconv_")]
   assert sorted(e.primitive.name for e in convs) == ["jaxconv_fwd", "jaxconv_wgrad"], convs
   wgrad = next(e for e in convs if e.primitive.name == "jaxconv_wgrad")
   assert wgrad.params["spec"].feature_groups == len(x)
-  assert not any(e.primitive.name in ("while", "scan") for e in _all_eqns(jaxpr))
+  assert not any(e.primitive.name in ("while", "scan") for e in cu.all_eqns(jaxpr))
   hlo = jax.jit(per_example).lower(params, x, y).as_text()
   assert hlo.count("custom_call @jaxconv_fwd") == 1 and hlo.count("custom_call @jaxconv_wgrad") == 1, hlo

@@ -74,35 +74,13 @@ def test_linen_conv_bias_act(rng, act):
   jax.tree.map(lambda a, b: cu.assert_close(a, b, 2e-5, f"grad {act}"), g, g_ref)
 
 
-def _jaxconv_eqns(jaxpr):
-  out = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name.startswith("jaxconv_"):
-      out.append(eqn)
-    for sub in jax.core.jaxprs_in_params(eqn.params) if hasattr(jax.core, "jaxprs_in_params") else ():
-      out.extend(_jaxconv_eqns(sub))
-  return out
-
-
-def _all_eqns(jaxpr):
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for v in eqn.params.values():
-      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-        inner = getattr(sub, "jaxpr", None)
-        if inner is not None and hasattr(inner, "eqns"):
-          yield from _all_eqns(inner)
-        elif hasattr(sub, "eqns"):
-          yield from _all_eqns(sub)
-
-
 def test_conv_bias_act_is_one_fused_call(rng):
   """Bias and activation travel inside the one jaxconv_fwd call: no separate add or max in the jaxpr."""
   x = jnp.ones((2, 8, 8, 3))
   mod = jf.ConvBiasAct(4, (3, 3), activation="relu")
   params = mod.init(jax.random.key(0), x)
   jaxpr = jax.make_jaxpr(mod.apply)(params, x).jaxpr
-  eqns = list(_all_eqns(jaxpr))
+  eqns = list(cu.all_eqns(jaxpr))
   convs = [e for e in eqns if e.primitive.name.startswith("jaxconv_")]
   assert [e.primitive.name for e in convs] == ["jaxconv_fwd"]
   spec = convs[0].params["spec"]
