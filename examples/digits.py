@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

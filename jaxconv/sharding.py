@@ -35,7 +35,6 @@ import functools
 import math
 
 import jax
-import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import mlir

@@ -1,7 +1,6 @@
 """The benchmark harness: its quick mode end to end (the README's benchmark command), and its statistics."""
 
 import json
-import os
 import subprocess
 import sys
 import time

@@ -52,7 +52,7 @@ def main(argv=None):
     with open(args.b) as f:
         b = json.load(f)
     rows = compare(a, b, args.impl, args.threshold)
-    print(f"| case | dtype | op | A µs | B µs | B/A | verdict |\n|---|---|---|---|---|---|---|")
+    print("| case | dtype | op | A µs | B µs | B/A | verdict |\n|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['dtype']} | {r['op']} | {r['a_us']:.4g} | {r['b_us']:.4g} | {r['b_over_a']:.3f} | "
               f"{r['verdict']} |")

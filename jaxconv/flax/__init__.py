@@ -13,7 +13,7 @@ the convolution kernel's epilogue.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import jax.numpy as jnp
 from jax import lax

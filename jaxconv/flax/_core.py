@@ -7,8 +7,7 @@ the convolution itself and the bias (and the optional activation) run on jaxconv
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +15,8 @@ import numpy as np
 
 import jaxconv
 
-ACTIVATIONS = (None, "relu", "gelu", "silu")
-_ACT_FNS = {
-    "relu": jax.nn.relu,
-    "gelu": functools.partial(jax.nn.gelu, approximate=True),
-    "silu": jax.nn.silu,
-}
+from jaxconv.primitives import activation_fn
+from jaxconv.spec import ACTIVATIONS  # the names the kernels' epilogue fuses
 _CONV_ND = {1: jaxconv.conv1d, 2: jaxconv.conv2d, 3: jaxconv.conv3d}
 
 Activation = Union[None, str, Callable[[jax.Array], jax.Array]]
@@ -119,7 +114,7 @@ def conv_bias_act(inputs, kernel, bias, *, kernel_size: Sequence[int], strides, 
     if bias is not None:
       y = y + bias.astype(y.dtype)
     if named is not None:
-      y = _ACT_FNS[named](y)
+      y = activation_fn(named)(y)
   if activation is not None and named is None:
     y = activation(y)  # a user callable, applied by XLA after the conv + bias
 
