@@ -33,6 +33,11 @@ def built_with_cuda() -> bool:
   return bool(build_info()["cuda"])
 
 
+def workspace_bytes(op: str, params, dtype) -> int:
+  """Device workspace (bytes) the CUDA kernels need for `op` on these packed params and operand dtype."""
+  return int(_ext.workspace_bytes(op, [int(v) for v in params], str(dtype)))
+
+
 def _register():
   for platform, targets in _ext.registrations().items():
     for name, capsule in targets.items():

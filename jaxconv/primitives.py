@@ -200,15 +200,23 @@ def _nck(prim, spec: ConvSpec, avals):
   return a[nb_ax], a[f_ax], b[f_ax]
 
 
-def _make_lowering(prim):
+def _make_lowering(prim, platform):
   def lowering(ctx, *args, spec, out_dtype):
     n, c, k = _nck(prim, spec, ctx.avals_in)
+    params = spec.ffi_params(n, c, k)
     if prim is conv_fwd_p and not spec.has_bias:
       # The fwd handler always takes a bias operand; an empty one means "no bias".
       empty = np.zeros((0,), np.dtype(out_dtype))
       args = (*args, mlir.ir_constant(empty))
       ctx = ctx.replace(avals_in=(*ctx.avals_in, ShapedArray(empty.shape, empty.dtype)))
-    return jax.ffi.ffi_lowering(prim.name)(ctx, *args, params=spec.ffi_params(n, c, k))
+    if prim is conv_wgrad_p and platform == "cuda":
+      # The CUDA filter gradient's split-K partial sums live in a second, u8 result that XLA allocates (XLA's
+      # FFI scratch allocator gave no memory on jaxlib 0.11); its size depends on the problem alone.
+      nbytes = _native.workspace_bytes("wgrad", params, ctx.avals_in[0].dtype)
+      ws = ShapedArray((nbytes,), np.uint8)
+      out = jax.ffi.ffi_lowering(prim.name)(ctx.replace(avals_out=(*ctx.avals_out, ws)), *args, params=params)
+      return out[:1]
+    return jax.ffi.ffi_lowering(prim.name)(ctx, *args, params=params)
 
   return lowering
 
@@ -222,8 +230,8 @@ def _no_cuda_lowering(ctx, *args, **params):
 for _p in (conv_fwd_p, conv_dgrad_p, conv_wgrad_p):
   _def_impl(_p)
   # Partitioned lowerings (batch / output-channel sharding), shard_map varying axes: see sharding.py.
-  sharding.register(_p, {"cpu": _make_lowering(_p),
-                         "cuda": _make_lowering(_p) if _native.built_with_cuda() else _no_cuda_lowering})
+  sharding.register(_p, {"cpu": _make_lowering(_p, "cpu"),
+                         "cuda": _make_lowering(_p, "cuda") if _native.built_with_cuda() else _no_cuda_lowering})
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -109,3 +109,26 @@ def test_symbolic_batch_is_not_supported(rng):
   (n,) = export.symbolic_shape("n")
   with pytest.raises(Exception, match="[Ss]ymbolic|constant"):
     export.export(jax.jit(_f), disabled_checks=CHECKS)(jax.ShapeDtypeStruct((n, 9, 10, 3), jnp.float32), w, b)
+
+
+@pytest.mark.skipif(not jaxconv.build_info()["cuda"], reason="jaxconv was built without CUDA")
+def test_cuda_lowering_gives_the_filter_gradient_a_workspace_result():
+  """The CUDA wgrad custom call returns (dw, u8 workspace); its size is the extension's split-K plan.
+
+  Lowered for CUDA on any machine (no GPU needed): a 1024x1024 single-channel filter gradient is one long
+  reduction, so the plan splits it and the workspace must be non-empty; the CPU lowering has no workspace.
+  """
+  x = jax.ShapeDtypeStruct((1, 1024, 1024, 1), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((3, 3, 1, 1), jnp.bfloat16)
+
+  def loss(x, w):
+    return jnp.sum(jaxconv.conv2d(x, w, padding="SAME", dilation=2).astype(jnp.float32))
+
+  exp = export.export(jax.jit(jax.grad(loss, argnums=1)), platforms=["cuda", "cpu"], disabled_checks=CHECKS)(x, w)
+  calls = [ln for ln in exp.mlir_module().splitlines() if "stablehlo.custom_call @jaxconv_wgrad" in ln]
+  results = sorted(ln.rsplit("->", 1)[1].strip() for ln in calls)
+  assert len(results) == 2, calls  # one per platform
+  cuda_result = [r for r in results if "ui8" in r]
+  assert len(cuda_result) == 1 and "tensor<3x3x1x1xbf16>" in cuda_result[0], results
+  nbytes = int(cuda_result[0].split("tensor<")[2].split("xui8")[0])
+  assert nbytes > 0 and nbytes % (9 * 4) == 0, nbytes  # splits x 9 filter taps x f32 partial sums

@@ -133,5 +133,10 @@ inline unsigned GridX(int64_t tiles) {  // grid-stride loops cover the rest
 
 inline size_t AccBytes(DT in) { return in == DT::kF64 ? 8 : 4; }
 
+// Split-K plans (how many partial sums a filter gradient computes) target this many multiprocessors, an H100's
+// count, whatever GPU runs them: the plan fixes the workspace size, which XLA must know at compile time
+// (WorkspaceBytes), so it may depend on the problem alone.
+inline constexpr int64_t kPlanSms = 132;
+
 }  // namespace cuda
 }  // namespace jaxconv

@@ -201,12 +201,12 @@ cudaError_t Long1DDgrad(const ConvParams& p, DT in, DT out, const void* dy, cons
   return RunLong(g, in, out, dy, w, nullptr, dx, nullptr, s);
 }
 
-int64_t Long1DWgradSplits(const ConvParams& p, DT in, int sms) {
+int64_t Long1DWgradSplits(const ConvParams& p, DT in) {
   const LongArgs g = MakeLongArgs(p, kModeWgrad);
   const int64_t base = g.k * g.c * g.ttiles;
   const int64_t R = g.n * g.out;
   if (base <= 0 || R <= 0) return 1;
-  int64_t splits = CeilDiv(4 * static_cast<int64_t>(sms > 0 ? sms : 132), base);
+  int64_t splits = CeilDiv(4 * kPlanSms, base);
   splits = std::min<int64_t>(splits, R / 4096);  // >= 4096 reduction values per split
   splits = std::min<int64_t>(splits, 4096);
   const int64_t per = g.welems * static_cast<int64_t>(AccBytes(in));

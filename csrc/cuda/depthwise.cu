@@ -380,12 +380,12 @@ cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, c
   return RunDw(g, in, out, dy, w, nullptr, dx, s);
 }
 
-int64_t DepthwiseWgradSplits(const ConvParams& p, DT in, int sms) {
+int64_t DepthwiseWgradSplits(const ConvParams& p, DT in) {
   const DwWgradArgs g = MakeDwWgradArgs(p);
   const int64_t base = g.ctiles * g.ntaps;
   if (base <= 0 || g.rtotal <= 0) return 1;
   const int64_t lanes = g.cl ? 8 : 256;
-  int64_t splits = CeilDiv(2 * static_cast<int64_t>(sms > 0 ? sms : 132), base);
+  int64_t splits = CeilDiv(2 * kPlanSms, base);
   splits = std::min<int64_t>(splits, g.rtotal / (lanes * 32));  // >= 32 positions per lane per split
   splits = std::min<int64_t>(splits, 1024);
   const int64_t per = g.welems * static_cast<int64_t>(AccBytes(in));

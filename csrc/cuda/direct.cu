@@ -528,11 +528,11 @@ cudaError_t DirectDgrad(const ConvParams& p, DT in, DT out, const void* dy, cons
   return RunGemm(g, in, out, dy, w, nullptr, dx, s);
 }
 
-int64_t DirectWgradSplits(const ConvParams& p, DT in, int sms) {
+int64_t DirectWgradSplits(const ConvParams& p, DT in) {
   const WgradArgs g = MakeWgradArgs(p, WgradNarrow(p));
   if (g.base_tiles <= 0 || g.rtotal <= 0) return 1;
   const int64_t nchunks = CeilDiv(g.rtotal, kBK);
-  const int64_t want_blocks = 2 * static_cast<int64_t>(sms > 0 ? sms : 132);
+  const int64_t want_blocks = 2 * kPlanSms;
   int64_t splits = CeilDiv(want_blocks, g.base_tiles);
   splits = std::min<int64_t>(splits, nchunks / 8);  // at least 8 chunks (128 positions) per split
   splits = std::min<int64_t>(splits, 256);

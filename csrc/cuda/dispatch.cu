@@ -55,23 +55,29 @@ Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo) {
   }
 }
 
-size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo, int sms) {
+size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   if (op != CudaOp::kWgrad) return 0;
   if (algo == kAlgoSmallChannel) {  // always scratch (one partial vector per chunk), even for one chunk
-    return static_cast<size_t>(SmallChannelWgradChunks(p, sms)) * static_cast<size_t>(WElements(p)) * AccBytes(in);
+    return static_cast<size_t>(SmallChannelWgradChunks(p)) * static_cast<size_t>(WElements(p)) * AccBytes(in);
   }
   int64_t splits = 1;
   switch (algo) {
-    case kAlgoDepthwise: splits = DepthwiseWgradSplits(p, in, sms); break;
-    case kAlgoLong1D: splits = Long1DWgradSplits(p, in, sms); break;
-    default: splits = DirectWgradSplits(p, in, sms); break;
+    case kAlgoDepthwise: splits = DepthwiseWgradSplits(p, in); break;
+    case kAlgoLong1D: splits = Long1DWgradSplits(p, in); break;
+    default: splits = DirectWgradSplits(p, in); break;
   }
   if (splits <= 1) return 0;
   return static_cast<size_t>(splits) * static_cast<size_t>(WElements(p)) * AccBytes(in);
 }
 
+size_t WorkspaceBytes(const ConvParams& p, CudaOp op, DT in) {
+  int64_t algo = 0;
+  if (!ChooseAlgorithm(p, op, &algo).ok()) return 0;
+  return ScratchBytes(p, op, in, algo);
+}
+
 Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
-               const void* bias, void* out_buf, void* scratch, size_t scratch_bytes, int sms, cudaStream_t stream) {
+               const void* bias, void* out_buf, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   Status st;
   cudaError_t e = cudaSuccess;
   switch (op) {
@@ -89,13 +95,13 @@ Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, cons
       break;
     case CudaOp::kWgrad: {
       if (algo == kAlgoSmallChannel) {
-        e = SmallChannelWgrad(p, in, out, a, b, out_buf, scratch, scratch_bytes, sms, stream);
+        e = SmallChannelWgrad(p, in, out, a, b, out_buf, scratch, scratch_bytes, stream);
         break;
       }
       // Same split count as ScratchBytes computed; fall back to no split if the scratch is missing/short.
-      int64_t splits = algo == kAlgoDepthwise ? DepthwiseWgradSplits(p, in, sms)
-                       : algo == kAlgoLong1D  ? Long1DWgradSplits(p, in, sms)
-                                              : DirectWgradSplits(p, in, sms);
+      int64_t splits = algo == kAlgoDepthwise ? DepthwiseWgradSplits(p, in)
+                       : algo == kAlgoLong1D  ? Long1DWgradSplits(p, in)
+                                              : DirectWgradSplits(p, in);
       const size_t need = splits > 1 ? static_cast<size_t>(splits) * WElements(p) * AccBytes(in) : 0;
       if (scratch == nullptr || scratch_bytes < need) splits = 1;
       e = algo == kAlgoDepthwise ? DepthwiseWgrad(p, in, out, a, b, out_buf, scratch, splits, stream)

@@ -26,12 +26,15 @@ struct Status {
 // ---- dispatch.cu: the one place that picks the algorithm ----
 // Resolves params.algorithm (0 = auto) for `op`; an explicit algorithm whose predicate fails gives code 1.
 Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo);
-// Scratch bytes the chosen algorithm needs (0: none). `sms` is the device's multiprocessor count.
-size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo, int sms);
+// Workspace bytes the chosen algorithm needs (0: none); a function of the problem alone (see kPlanSms), so the
+// Python lowering asks for the same number (workspace_bytes in the extension) and XLA allocates it as a result.
+size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo);
+// ChooseAlgorithm + ScratchBytes; 0 when the algorithm choice fails (the handler reports that error).
+size_t WorkspaceBytes(const ConvParams& p, CudaOp op, DT in);
 // Enqueues the op. a, b: operands in the op's order (fwd x, w; dgrad dy, w; wgrad x, dy); bias fwd only.
+// A workspace shorter than ScratchBytes makes the filter gradient run unsplit (correct, less parallel).
 Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
-               const void* bias, void* out_buf, void* scratch, size_t scratch_bytes, int sms,
-               cudaStream_t stream);
+               const void* bias, void* out_buf, void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 // ---- predicates ----
 bool DepthwiseApplies(const ConvParams& p);
@@ -42,7 +45,7 @@ bool SmallChannelApplies(const ConvParams& p);
 cudaError_t DirectFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
                       cudaStream_t s);
 cudaError_t DirectDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx, cudaStream_t s);
-int64_t DirectWgradSplits(const ConvParams& p, DT in, int sms);  // 1: no scratch
+int64_t DirectWgradSplits(const ConvParams& p, DT in);  // 1: no scratch
 cudaError_t DirectWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
                         int64_t splits, cudaStream_t s);
 
@@ -51,7 +54,7 @@ cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, cons
                          cudaStream_t s);
 cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                            cudaStream_t s);
-int64_t DepthwiseWgradSplits(const ConvParams& p, DT in, int sms);
+int64_t DepthwiseWgradSplits(const ConvParams& p, DT in);
 cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
                            int64_t splits, cudaStream_t s);
 
@@ -59,7 +62,7 @@ cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, co
 cudaError_t Long1DFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
                       cudaStream_t s);
 cudaError_t Long1DDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx, cudaStream_t s);
-int64_t Long1DWgradSplits(const ConvParams& p, DT in, int sms);
+int64_t Long1DWgradSplits(const ConvParams& p, DT in);
 cudaError_t Long1DWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
                         int64_t splits, cudaStream_t s);
 
@@ -71,9 +74,9 @@ cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy
                               cudaStream_t s);
 // wgrad always uses scratch: chunks * WElements accumulators (chunks from SmallChannelWgradChunks); without
 // enough scratch it falls back to the direct wgrad without split.
-int64_t SmallChannelWgradChunks(const ConvParams& p, int sms);
+int64_t SmallChannelWgradChunks(const ConvParams& p);
 cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
-                              void* scratch, size_t scratch_bytes, int sms, cudaStream_t s);
+                              void* scratch, size_t scratch_bytes, cudaStream_t s);
 
 // ---- shared: out[e] = sum_{s < splits} scratch[s * count + e] in fixed order (direct.cu) ----
 cudaError_t ReduceSplits(DT in, DT out, const void* scratch, int64_t splits, int64_t count, void* dst,

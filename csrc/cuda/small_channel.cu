@@ -363,7 +363,7 @@ WgCfg PickWgCfg(const ConvParams& p) {
   return r;
 }
 
-ScWgArgs MakeWgArgs(const ConvParams& p, int sms) {
+ScWgArgs MakeWgArgs(const ConvParams& p) {
   const Strides5 xs = XStrides(p), ys = YStrides(p);
   const WgCfg cfg = PickWgCfg(p);
   ScWgArgs g{};
@@ -394,7 +394,7 @@ ScWgArgs MakeWgArgs(const ConvParams& p, int sms) {
   g.nslices = static_cast<int>(CeilDiv(ntaps, cfg.tf)) * g.ktiles;
   g.welems = WElements(p);
   // chunks: ~4 blocks per SM in all, at least 2048 positions (8 per thread) per chunk
-  const int64_t want = CeilDiv(4 * static_cast<int64_t>(sms > 0 ? sms : 132), g.nslices);
+  const int64_t want = CeilDiv(4 * kPlanSms, g.nslices);
   int64_t chunks = std::min<int64_t>(want, CeilDiv(g.rtotal, 2048));
   if (chunks < 1) chunks = 1;
   g.per_chunk = CeilDiv(g.rtotal, chunks);
@@ -516,14 +516,14 @@ cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy
   return DirectDgrad(p, in, out, dy, w, dx, s);
 }
 
-int64_t SmallChannelWgradChunks(const ConvParams& p, int sms) {
+int64_t SmallChannelWgradChunks(const ConvParams& p) {
   if (WElements(p) <= 0) return 0;
-  return MakeWgArgs(p, sms).chunks;
+  return MakeWgArgs(p).chunks;
 }
 
 cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
-                              void* scratch, size_t scratch_bytes, int sms, cudaStream_t s) {
-  const ScWgArgs g = MakeWgArgs(p, sms);
+                              void* scratch, size_t scratch_bytes, cudaStream_t s) {
+  const ScWgArgs g = MakeWgArgs(p);
   if (g.welems <= 0) return cudaSuccess;
   const size_t need = static_cast<size_t>(g.chunks) * static_cast<size_t>(g.welems) * AccBytes(in);
   if (scratch == nullptr || scratch_bytes < need) return DirectWgrad(p, in, out, x, dy, dw, nullptr, 1, s);
@@ -537,7 +537,7 @@ cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x,
   }
   if (e != cudaSuccess) return e;
   int ex = 1;
-  const int64_t target = 2 * static_cast<int64_t>(sms > 0 ? sms : 132);
+  const int64_t target = 2 * kPlanSms;
   while (ex < 32 && (CeilDiv(g.welems, ex) > target || g.chunks < kThreads / ex / 4)) ex *= 2;
   const unsigned grid = GridX(CeilDiv(g.welems, ex));
 #define JAXCONV_BODY(T, TO)                                                                              \

@@ -2,12 +2,11 @@
 // Each handler validates everything first (DecodeAndValidate), then only enqueues work on XLA's stream: no
 // cudaMalloc, no synchronisation, no stream queries. Every CUDA call is checked (cudaGetLastError after each
 // launch) and reported as ffi::Error::Internal.
-// Command buffers: fwd and dgrad only launch kernels on buffers XLA passes, so they carry kCmdBufferCompatible.
-// wgrad may take device scratch from the ScratchAllocator (split-K partial sums); XLA's trait documentation asks
-// compatible handlers to use only the buffers passed as arguments, so wgrad is not marked.
+// Command buffers: every handler only launches kernels on buffers XLA passes (wgrad's split-K partial sums live in
+// a workspace result that the lowering sizes), so all three carry kCmdBufferCompatible. The FFI scratch allocator
+// is not used: on jaxlib 0.11's CUDA plugin it returned no memory for any request.
 #include <cuda_runtime.h>
 
-#include <mutex>
 #include <string>
 
 #include "cuda/kernels.h"
@@ -34,31 +33,6 @@ DT ToDT(ffi::DataType t) {
   }
 }
 
-// Multiprocessor count of the current device (cached per device; attribute queries are not stream work).
-ffi::Error GetSmCount(int* sms) {
-  constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices] = {0};
-  static std::mutex mu;
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return CudaErr("cudaGetDevice", e);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (dev >= 0 && dev < kMaxDevices && cache[dev] > 0) {
-      *sms = cache[dev];
-      return ffi::Error::Success();
-    }
-  }
-  int v = 0;
-  if (cudaError_t e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev); e != cudaSuccess) {
-    return CudaErr("cudaDeviceGetAttribute", e);
-  }
-  if (v <= 0) v = 1;
-  std::lock_guard<std::mutex> lock(mu);
-  if (dev >= 0 && dev < kMaxDevices) cache[dev] = v;
-  *sms = v;
-  return ffi::Error::Success();
-}
-
 ffi::Error Poison(void* ptr, size_t bytes, cudaStream_t stream) {
   if (ptr == nullptr || bytes == 0) return ffi::Error::Success();
   if (cudaError_t e = cudaMemsetAsync(ptr, 0xFF, bytes, stream); e != cudaSuccess) return CudaErr("poison memset", e);
@@ -71,9 +45,10 @@ ffi::Error ToFfi(const Op op, const cuda::Status& st) {
   return st.code == 1 ? ffi::Error::InvalidArgument(msg) : ffi::Error::Internal(msg);
 }
 
-// Shared body. `scratch_alloc` is null for the handlers that never need scratch (fwd, dgrad).
-ffi::Error Run(Op op, cudaStream_t stream, ffi::ScratchAllocator* scratch_alloc, const ffi::AnyBuffer& a,
-               const ffi::AnyBuffer& b, const ffi::AnyBuffer* bias, ffi::AnyBuffer out,
+// Shared body. `workspace` is wgrad's second result (split-K partial sums), sized by the lowering with the
+// extension's workspace_bytes (the same WorkspaceBytes as here); null for fwd and dgrad.
+ffi::Error Run(Op op, cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+               const ffi::AnyBuffer* bias, ffi::AnyBuffer out, ffi::AnyBuffer* workspace,
                ffi::Span<const int64_t> params) {
   ConvParams p;
   if (auto e = DecodeAndValidate(op, params, a, b, bias, out, &p); e.failure()) return e;
@@ -84,17 +59,15 @@ ffi::Error Run(Op op, cudaStream_t stream, ffi::ScratchAllocator* scratch_alloc,
 
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
-  int sms = 1;
-  if (scratch_alloc != nullptr) {
-    if (auto e = GetSmCount(&sms); e.failure()) return e;
-    scratch_bytes = cuda::ScratchBytes(p, cop, in, algo, sms);
-    if (scratch_bytes > 0) {
-      auto mem = scratch_alloc->Allocate(scratch_bytes, 256);
-      if (!mem.has_value() || *mem == nullptr) {
-        scratch_bytes = 0;  // RunConv then runs without split-K (still correct, less parallel)
-      } else {
-        scratch = *mem;
-      }
+  if (workspace != nullptr) {
+    if (workspace->element_type() != ffi::DataType::U8 || workspace->dimensions().size() != 1) {
+      return ffi::Error::InvalidArgument(std::string(OpName(op)) + ": workspace must be a 1-D u8 buffer");
+    }
+    // A workspace shorter than the plan (say, from a program exported by another jaxconv version) runs the
+    // filter gradient unsplit: correct, only slower.
+    if (workspace->size_bytes() >= cuda::ScratchBytes(p, cop, in, algo)) {
+      scratch = workspace->untyped_data();
+      scratch_bytes = workspace->size_bytes();
     }
   }
   if (p.poison[0]) {
@@ -103,7 +76,7 @@ ffi::Error Run(Op op, cudaStream_t stream, ffi::ScratchAllocator* scratch_alloc,
   }
   const void* bias_ptr = (bias != nullptr && p.has_bias[0]) ? bias->untyped_data() : nullptr;
   auto st = cuda::RunConv(p, cop, in, odt, algo, a.untyped_data(), b.untyped_data(), bias_ptr, out.untyped_data(),
-                          scratch, scratch_bytes, sms, stream);
+                          scratch, scratch_bytes, stream);
   if (!st.ok()) return ToFfi(op, st);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaErr(OpName(op), e);
   return ffi::Error::Success();
@@ -111,17 +84,17 @@ ffi::Error Run(Op op, cudaStream_t stream, ffi::ScratchAllocator* scratch_alloc,
 
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
                    ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> params) {
-  return Run(Op::kFwd, stream, nullptr, x, w, &bias, *y, params);
+  return Run(Op::kFwd, stream, x, w, &bias, *y, nullptr, params);
 }
 
 ffi::Error DgradImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> dx,
                      ffi::Span<const int64_t> params) {
-  return Run(Op::kDgrad, stream, nullptr, dy, w, nullptr, *dx, params);
+  return Run(Op::kDgrad, stream, dy, w, nullptr, *dx, nullptr, params);
 }
 
-ffi::Error WgradImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x, ffi::AnyBuffer dy,
-                     ffi::Result<ffi::AnyBuffer> dw, ffi::Span<const int64_t> params) {
-  return Run(Op::kWgrad, stream, &scratch, x, dy, nullptr, *dw, params);
+ffi::Error WgradImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dw,
+                     ffi::Result<ffi::AnyBuffer> workspace, ffi::Span<const int64_t> params) {
+  return Run(Op::kWgrad, stream, x, dy, nullptr, *dw, &(*workspace), params);
 }
 
 }  // namespace
@@ -149,8 +122,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxconvDgradCuda, jaxconv::DgradImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxconvWgradCuda, jaxconv::WgradImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::ScratchAllocator>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<xla::ffi::Span<const int64_t>>("params"));
+                                  .Ret<xla::ffi::AnyBuffer>()  // dw
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (u8), see Run
+                                  .Attr<xla::ffi::Span<const int64_t>>("params"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,14 +1,19 @@
 // pybind11 module jaxconv._jaxconv_native: the FFI handler capsules per platform, the ConvParams field list
 // (the single source of the packed attribute layout) and build information.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "conv_params.h"
 #include "xla/ffi/api/api.h"
 
 #ifdef JAXCONV_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda/kernels.h"
 #endif
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxconvFwdCpu);
@@ -69,6 +74,28 @@ PYBIND11_MODULE(_jaxconv_native, m) {
         return fields;
       },
       "[(name, count)] of the packed int64 `params` attribute, in order.");
+
+  m.def(
+      "workspace_bytes",
+      [](const std::string& op, const std::vector<int64_t>& params, const std::string& dtype) -> int64_t {
+        jaxconv::ConvParams p;
+        const std::string err = jaxconv::DecodeParams(params.data(), static_cast<int64_t>(params.size()), &p);
+        if (!err.empty()) throw py::value_error("workspace_bytes: " + err);
+        if (op != "fwd" && op != "dgrad" && op != "wgrad") throw py::value_error("workspace_bytes: unknown op " + op);
+#ifdef JAXCONV_WITH_CUDA
+        using jaxconv::cuda::CudaOp;
+        using jaxconv::cuda::DT;
+        const CudaOp cop = op == "fwd" ? CudaOp::kFwd : op == "dgrad" ? CudaOp::kDgrad : CudaOp::kWgrad;
+        const DT in = dtype == "float64" ? DT::kF64 : dtype == "bfloat16" ? DT::kBF16 : dtype == "float16" ? DT::kF16
+                                                                                                         : DT::kF32;
+        return static_cast<int64_t>(jaxconv::cuda::WorkspaceBytes(p, cop, in));
+#else
+        return 0;
+#endif
+      },
+      py::arg("op"), py::arg("params"), py::arg("dtype"),
+      "Bytes of device workspace the CUDA kernels of `op` ('fwd', 'dgrad', 'wgrad') need for the packed "
+      "params and the operands' dtype name; 0 without CUDA.");
 
   m.def(
       "build_info",
