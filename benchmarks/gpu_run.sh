@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_run.sh tests sanitize  # a subset of: build tests sanitize bench
 #
 # Environment: JAXCONV_CUDA_ARCHS (default 90a), JAXCONV_FUZZ_CASES (default 300 per dtype),
-# BENCH_ARGS (extra arguments for python -m jaxconv.bench), PYTEST_ARGS (extra pytest arguments).
+# BENCH_ARGS (extra arguments for python -m jaxconv.bench), PYTEST_FILES (default tests), PYTEST_WORKERS
+# (default 8), PYTEST_ARGS (extra pytest arguments), SANITIZE_CASES (name filter for sanitizer_cases.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -41,7 +42,12 @@ fi
 
 if [[ " $steps " == *" tests "* ]]; then
   t0=$(date +%s)
-  JAXCONV_FUZZ_CASES=${JAXCONV_FUZZ_CASES:-300} $PY -m pytest -q -rs -p no:cacheprovider tests \
+  # The suite is bound by XLA compile time on the host: pytest-xdist workers (when installed) share the GPU,
+  # each allocating on demand.
+  workers=()
+  $PY -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-8}")
+  XLA_PYTHON_CLIENT_PREALLOCATE=false JAXCONV_FUZZ_CASES=${JAXCONV_FUZZ_CASES:-300} \
+    $PY -m pytest -q -rs -p no:cacheprovider "${workers[@]}" ${PYTEST_FILES:-tests} \
       --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
   rc=$?
   row tests "$([ $rc = 0 ] && echo ok || echo FAILED)" "$(tail -1 "$OUT/tests.log") ($(( $(date +%s) - t0 )) s)"
@@ -60,7 +66,7 @@ if [[ " $steps " == *" sanitize "* ]]; then
     # Command buffers off so every launch is a plain one the tool can follow.
     XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
       timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${filter[@]}" \
-      $PY benchmarks/sanitizer_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+      $PY benchmarks/sanitizer_cases.py ${SANITIZE_CASES:-} > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)
     if [ "$tool" = initcheck ]; then

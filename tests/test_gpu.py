@@ -149,3 +149,41 @@ def test_forced_algorithm(algorithm, dtype, rng):
   ref_dx, ref_dw = cu.ref_conv_vjp(np.asarray(x), np.asarray(w), np.asarray(ct), **kw)
   cu.assert_close(dx, ref_dx, cu.tolerance(dtype), f"algorithm={algorithm} dgrad")
   cu.assert_close(dw, ref_dw, cu.tolerance(dtype), f"algorithm={algorithm} wgrad")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_long1d_window_longer_than_a_stage(dtype, rng):
+  """long1d stages the reduction in chunks of 1152 taps worked in periods of 24 plus single taps: a 2047-tap
+  window crosses a chunk boundary and ends in a partial period; batch 2 x 9001 positions makes the filter
+  gradient split over positions (workspace result)."""
+  ctx = cu.enable_x64() if dtype == "float64" else jax.default_device(jax.devices("gpu")[0])
+  with ctx:
+    x, w = _gpu_arrays(rng, (2, 9001, 2), (2047, 2, 3), dtype=dtype)
+    conv = functools.partial(jaxconv.conv1d, padding="SAME", algorithm="long1d", precision="highest")
+    y = jax.jit(conv)(x, w)
+    ct = jnp.asarray(cu.randn(rng, y.shape, dtype))
+    dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
+    x, w, ct, y, dx, dw = (np.asarray(a) for a in (x, w, ct, y, dx, dw))
+  kw = dict(window_strides=(1,), padding="SAME", dimension_numbers=("NWC", "WIO", "NWC"))
+  tol = cu.tolerance(dtype)
+  cu.assert_close(y, cu.ref_conv(x, w, **kw), tol, "long1d fwd")
+  rdx, rdw = cu.ref_conv_vjp(x, w, ct, **kw)
+  cu.assert_close(dx, rdx, tol, "long1d dgrad")
+  cu.assert_close(dw, rdw, tol, "long1d wgrad")
+
+
+def test_long1d_does_not_touch_values_outside_each_window(rng):
+  """An inf in the last input position may only reach the one output whose window holds it: no kernel may
+  multiply a padded (zero) tap with a value outside the window (inf * 0 = nan)."""
+  width, taps = 5000, 25 + 1152  # one full chunk, then 25 taps: one period of 24 and a single tap
+  x = cu.randn(rng, (1, width, 1), np.float32)
+  x[0, -1, 0] = np.inf
+  w = cu.randn(rng, (taps, 1, 1), np.float32)
+  dev = jax.devices("gpu")[0]
+  y = np.asarray(jax.jit(functools.partial(jaxconv.conv1d, algorithm="long1d", precision="highest"))(
+      jax.device_put(x, dev), jax.device_put(w, dev)))
+  assert y.shape == (1, width - taps + 1, 1)
+  assert np.all(np.isfinite(y[0, :-1, 0])), np.flatnonzero(~np.isfinite(y[0, :, 0]))
+  assert not np.isfinite(y[0, -1, 0])
+  want = cu.ref_conv(x[:, :-1], w, window_strides=(1,), padding="VALID", dimension_numbers=("NWC", "WIO", "NWC"))
+  cu.assert_close(y[:, :-1], want, cu.tolerance("float32"), "finite outputs")

@@ -7,21 +7,36 @@
 //          (dgrad of a stride-1 conv is a correlation of dy with the flipped filter)
 //   wgrad: t = tap, segments (n, o-range of a split), src = x[n, c, .], v = dy[n, k, r], beta = -pad_lo;
 //          splits write partial sums to scratch, ReduceSplits adds them in split order (deterministic).
-// A block owns 2048 consecutive outputs (256 threads x 8 consecutive outputs in registers); per 1024-long chunk of
-// r it stages the source window (2048 + 1024 + 8 values, bank-padded every 8) and the 1024 values of v in shared
-// memory; each thread slides a 16-value register window: 24 shared loads (8 of them broadcasts) per 64 FMAs.
+// A block (128 threads) owns 2048 consecutive outputs, 16 per thread in registers. Per 1152-long chunk of r it
+// stages the source window (2048 + 1152 values; 4 pad words after every 16, so a lane's 16-byte loads at a stride
+// of 20 words hit distinct banks) and the chunk of v in shared memory. Each thread slides a 24-value circular
+// register window over the source: per 8 taps it loads 8 new source values and 8 of v (four 16-byte shared
+// loads, v's as broadcasts) for 128 FMAs, so the FMA pipe, not shared memory, is the limit.
 #include "cuda/common.cuh"
 
 namespace jaxconv {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kPer = 8;                      // outputs per thread
+constexpr int kThreads = 128;
+constexpr int kPer = 16;                     // outputs per thread
 constexpr int kTile = kThreads * kPer;       // outputs per block
-constexpr int kChunk = 1024;                 // reduction values per stage
-constexpr int kWin = kTile + kChunk + 8;     // staged source values
-__host__ __device__ constexpr int Phys(int i) { return i + (i >> 3); }
+constexpr int kStep = 8;                     // taps per register step
+constexpr int kPeriod = 3 * kStep;           // the circular window (kPer + kStep values) repeats every 3 steps
+constexpr int kChunk = 48 * kPeriod;         // reduction values per stage (1152; f64 fits 48 KiB static smem)
+constexpr int kWin = kTile + kChunk;         // staged source values (the last period's loads reach kWin - 1)
+__host__ __device__ constexpr int Phys(int i) { return i + 4 * (i >> 4); }
+
+// Four consecutive shared values (16-byte aligned for float: Phys keeps runs of 16 contiguous and every index
+// used here is a multiple of 4) into registers.
+__device__ __forceinline__ void Load4(const float* p, float* r) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+}
+__device__ __forceinline__ void Load4(const double* p, double* r) {
+  const double2 a = reinterpret_cast<const double2*>(p)[0], b = reinterpret_cast<const double2*>(p)[1];
+  r[0] = a.x; r[1] = a.y; r[2] = b.x; r[3] = b.y;
+}
 
 enum Mode : int { kModeFwd = 0, kModeDgrad = 1, kModeWgrad = 2 };
 
@@ -34,11 +49,12 @@ struct LongArgs {
 };
 
 template <class T, class TO>
-__global__ void __launch_bounds__(kThreads) LongKernel(const LongArgs g, const T* __restrict__ a,
+// minBlocks 4: without it ptxas picks 72 registers and spills the register window.
+__global__ void __launch_bounds__(kThreads, 4) LongKernel(const LongArgs g, const T* __restrict__ a,
                                                        const T* __restrict__ b, const TO* __restrict__ bias,
                                                        TO* __restrict__ out, typename AccOf<T>::type* __restrict__ scratch) {
   using Acc = typename AccOf<T>::type;
-  __shared__ Acc xs[Phys(kWin) + 1];
+  __shared__ __align__(16) Acc xs[Phys(kWin)];
   __shared__ __align__(16) Acc ws[kChunk];
   const int tid = threadIdx.x;
   for (int64_t blk = blockIdx.x; blk < g.blocks; blk += gridDim.x) {
@@ -101,19 +117,36 @@ __global__ void __launch_bounds__(kThreads) LongKernel(const LongArgs g, const T
           ws[i] = val;
         }
         __syncthreads();
-        const int rsteps = static_cast<int>((rlen + 7) / 8);
         const int tb = tid * kPer;
-        for (int rs = 0; rs < rsteps; ++rs) {
-          const int r = rs * 8;
-          Acc xr[16], wr[8];
+        const int nper = static_cast<int>(rlen / kPeriod);
+        // xr is circular: at the start of period p, slots 0..15 hold source values tb + r .. tb + r + 15
+        // (r = p * kPeriod); step s loads tb + r + 8s + 16 .. + 23 into slots (8s + 16) % 24 .. + 7.
+        Acc xr[kPer + kStep];
 #pragma unroll
-          for (int m = 0; m < 16; ++m) xr[m] = xs[Phys(tb + r + m)];
+        for (int m = 0; m < kPer; m += 4) Load4(xs + Phys(tb + m), xr + m);
+        for (int per = 0; per < nper; ++per) {
+          const int r = per * kPeriod;
 #pragma unroll
-          for (int m = 0; m < 8; ++m) wr[m] = ws[r + m];
+          for (int st = 0; st < 3; ++st) {
+            constexpr int kW = kPer + kStep;
+            const int slot = (st * kStep + kPer) % kW;
+            Load4(xs + Phys(tb + r + st * kStep + kPer), xr + slot);
+            Load4(xs + Phys(tb + r + st * kStep + kPer + 4), xr + slot + 4);
+            Acc wr[kStep];
+            Load4(ws + r + st * kStep, wr);
+            Load4(ws + r + st * kStep + 4, wr + 4);
 #pragma unroll
-          for (int rr = 0; rr < 8; ++rr)
+            for (int rr = 0; rr < kStep; ++rr)
 #pragma unroll
-            for (int j = 0; j < kPer; ++j) acc[j] = fma(xr[j + rr], wr[rr], acc[j]);
+              for (int j = 0; j < kPer; ++j) acc[j] = fma(xr[(st * kStep + rr + j) % kW], wr[rr], acc[j]);
+          }
+        }
+        // The last < 24 taps of the chunk one at a time: exact, so no product of a padded zero tap with a
+        // source value outside this output's window (inf * 0) can reach the result.
+        for (int r = nper * kPeriod; r < rlen; ++r) {
+          const Acc wv = ws[r];
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) acc[j] = fma(xs[Phys(tb + r + j)], wv, acc[j]);
         }
       }
     }
