@@ -58,7 +58,7 @@ Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo) {
 size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   if (op != CudaOp::kWgrad) return 0;
   if (algo == kAlgoSmallChannel) {  // always scratch (one partial vector per chunk), even for one chunk
-    return static_cast<size_t>(SmallChannelWgradChunks(p)) * static_cast<size_t>(WElements(p)) * AccBytes(in);
+    return static_cast<size_t>(SmallChannelWgradChunks(p, in)) * static_cast<size_t>(WElements(p)) * AccBytes(in);
   }
   int64_t splits = 1;
   switch (algo) {

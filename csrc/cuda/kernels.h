@@ -72,9 +72,10 @@ cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, c
                             void* y, cudaStream_t s);
 cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                               cudaStream_t s);
-// wgrad always uses scratch: chunks * WElements accumulators (chunks from SmallChannelWgradChunks); without
-// enough scratch it falls back to the direct wgrad without split.
-int64_t SmallChannelWgradChunks(const ConvParams& p);
+// wgrad always uses scratch: chunks * WElements accumulators (chunks from SmallChannelWgradChunks: spatial
+// tiles on the tiled path, position chunks on the gather path); without enough scratch it falls back to the
+// direct wgrad without split.
+int64_t SmallChannelWgradChunks(const ConvParams& p, DT in);
 cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
                               void* scratch, size_t scratch_bytes, cudaStream_t s);
 

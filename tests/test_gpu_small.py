@@ -1,0 +1,203 @@
+"""GPU checks of the small-channel family (algorithm="small"), aimed at its stencil fast path (csrc/cuda/
+small_channel.cu): unit stride and no lhs dilation along H and W, H-dilation 1/2/4/8, channel buckets
+(c, k) in {(1, 1), (1, <=4), (1, <=16), (<=4, 1), (<=4, <=4), (<=16, 1)}, tiles of 8R x 32P outputs
+(1->1: 64 x 128, or 64 x 64 below 264 such tiles; 1->k<=4, c<=4: 32 x 64; 16->1: 32 x 32; 1->16: 16 x 32). Sizes on, one over and under
+the tiles, odd and prime sizes, symmetric, asymmetric and negative pads, VALID, batch > 1, 3-D (dim 0 is
+general: stride and dilation there), fused bias + activation, f32 outputs of half inputs, every dtype, and
+the data / filter gradients (dgrad with stride 1 takes the same stencil with a flipped filter). Cases the
+stencil does not take (fewer than 8 output rows or columns, H-dilation 3, stride 2, k > 16) check the gather
+kernel, including its 64-channel bucket split over 4 threads (k = 20, 33, 64).
+Skipped cleanly without CUDA."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import conv_utils as cu
+import jaxconv
+
+pytestmark = pytest.mark.gpu
+
+
+def _ctx(dtype):
+  return cu.enable_x64() if dtype == "float64" else jax.default_device(jax.devices("gpu")[0])
+
+
+def _put(a):
+  return jax.device_put(a, jax.devices("gpu")[0])
+
+
+def _lax_kw(ns, stride, padding, dilation):
+  sp = "DHW"[3 - ns:]
+  return dict(window_strides=stride, padding=padding, rhs_dilation=dilation,
+              dimension_numbers=("N" + sp + "C", sp + "IO", "N" + sp + "C"))
+
+
+# (x shape NHWC / NDHWC, window, padding, dilation, stride, k)
+CASES = {
+    "1to1_prime": ((1, 127, 131, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    "1to1_tile_exact": ((1, 64, 128, 1), (3, 3), ((1, 1), (1, 1)), (1, 1), (1, 1), 1),
+    "1to1_tile_plus1_asym_b2": ((2, 65, 129, 1), (3, 3), ((2, 0), (0, 2)), (1, 1), (1, 1), 1),
+    "1to1_tile_minus1": ((1, 63, 127, 1), (3, 3), ((1, 1), (1, 1)), (1, 1), (1, 1), 1),
+    # >= 264 tiles of 64 x 128: the 128-column tiles (the small cases above take 64-column tiles)
+    "1to1_big_tiles": ((3, 600, 1300, 1), (3, 3), ((1, 2), (2, 1)), (2, 1), (1, 1), 1),
+    "1to1_dil2": ((1, 100, 257, 1), (3, 3), ((2, 2), (2, 2)), (2, 2), (1, 1), 1),
+    "1to1_dil4_unequal_pads": ((1, 97, 200, 1), (3, 3), ((4, 1), (0, 5)), (4, 4), (1, 1), 1),
+    "1to1_dil8": ((1, 130, 150, 1), (3, 3), ((8, 8), (8, 8)), (8, 8), (1, 1), 1),
+    "1to1_dil8_valid": ((1, 30, 140, 1), (3, 3), "VALID", (8, 8), (1, 1), 1),
+    "1to1_dil_w3": ((1, 41, 77, 1), (3, 3), ((1, 1), (3, 3)), (1, 3), (1, 1), 1),
+    "1to1_8_rows_wide": ((1, 8, 4099, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    "1to1_7x7_dil8": ((1, 40, 300, 1), (7, 7), "SAME", (8, 8), (1, 1), 1),
+    "1to1_negative_pad": ((1, 40, 70, 1), (3, 3), ((-1, 2), (2, -1)), (1, 1), (1, 1), 1),
+    "1to1_5x1": ((3, 19, 33, 1), (5, 1), ((2, 2), (0, 0)), (1, 1), (1, 1), 1),
+    "1to3_dil4_1": ((1, 31, 70, 1), (3, 3), ((4, 4), (1, 1)), (4, 1), (1, 1), 3),
+    "1to4_tile_plus1": ((2, 33, 65, 1), (3, 3), "SAME", (1, 1), (1, 1), 4),
+    "1to5_5x3_asym": ((1, 17, 40, 1), (5, 3), ((0, 4), (1, 1)), (1, 1), (1, 1), 5),
+    "1to16_tutorial": ((4, 28, 28, 1), (5, 5), ((2, 2), (2, 2)), (1, 1), (1, 1), 16),
+    "1to16_tile_plus1": ((1, 17, 33, 1), (3, 3), "SAME", (2, 2), (1, 1), 16),
+    "2to2": ((1, 37, 53, 2), (3, 3), "SAME", (1, 1), (1, 1), 2),
+    "3to2_dil2_valid_b2": ((2, 32, 64, 3), (3, 3), "VALID", (2, 2), (1, 1), 2),
+    "4to1_dil2": ((1, 67, 45, 4), (3, 3), ((2, 2), (2, 2)), (2, 2), (1, 1), 1),
+    "4to4_tile_plus1": ((1, 33, 65, 4), (3, 3), "SAME", (1, 1), (1, 1), 4),
+    "4to4_tile_exact_dil8": ((1, 32, 64, 4), (3, 3), ((8, 8), (8, 8)), (8, 8), (1, 1), 4),
+    "16to1_dil2": ((1, 33, 33, 16), (3, 3), ((2, 2), (2, 2)), (2, 2), (1, 1), 1),
+    "9to1_dil2x3": ((2, 40, 50, 9), (3, 3), ((2, 2), (3, 3)), (2, 3), (1, 1), 1),
+    "16to1_tile_exact_dil1": ((1, 32, 32, 16), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    # gather fallback (the stencil needs >= 8 output rows, H-dilation 1/2/4/8, unit stride)
+    "fallback_1x1": ((1, 1, 1, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    "fallback_1x4099": ((1, 1, 4099, 1), (1, 3), "SAME", (1, 1), (1, 1), 1),
+    "fallback_5x7": ((3, 5, 7, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    "fallback_narrow": ((1, 40, 5, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    "fallback_dil3": ((1, 45, 50, 2), (3, 3), "SAME", (3, 1), (1, 1), 4),
+    "fallback_stride2": ((1, 45, 50, 1), (3, 3), "SAME", (1, 1), (2, 2), 1),
+    # gather with the 64-channel bucket split over 4 threads (16 channels x 4 pixels each): first layers
+    "3to64_7x7_s2": ((2, 37, 41, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
+    "3to64_3x3": ((1, 32, 32, 3), (3, 3), "SAME", (1, 1), (1, 1), 64),
+    "2to20_partial_chunks": ((1, 19, 23, 2), (3, 3), ((1, 0), (2, 1)), (1, 2), (1, 1), 20),
+    "1to33_dil2": ((2, 21, 30, 1), (3, 3), "SAME", (2, 2), (1, 1), 33),
+    # 3-D: dim 0 is general in the stencil (stride and dilation along D)
+    "3d_1to1": ((2, 5, 19, 37, 1), (3, 3, 3), ((1, 1), (1, 1), (2, 2)), (2, 1, 2), (2, 1, 1), 1),
+    "3d_4to4": ((1, 4, 17, 33, 4), (2, 3, 3), ((0, 1), (1, 1), (1, 1)), (1, 2, 1), (1, 1, 1), 4),
+}
+QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2", "3to2_dil2_valid_b2",
+                     "3d_1to1", "fallback_5x7", "3to64_7x7_s2"]
+
+
+def _run_case(name, dtype, rng, grads=True):
+  shape, win, padding, dil, stride, k = CASES[name]
+  ns = len(shape) - 2
+  fn = {2: jaxconv.conv2d, 3: jaxconv.conv3d}[ns]
+  conv = functools.partial(fn, stride=stride, padding=padding, dilation=dil, algorithm="small", precision="highest")
+  with _ctx(dtype):
+    x = _put(cu.randn(rng, shape, dtype))
+    w = _put(cu.randn(rng, (*win, shape[-1], k), dtype))
+    y = jax.jit(conv)(x, w)
+    ct = _put(cu.randn(rng, y.shape, dtype))
+    if grads:
+      dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
+    x, w, ct, y = (np.asarray(a) for a in (x, w, ct, y))
+    if grads:
+      dx, dw = np.asarray(dx), np.asarray(dw)
+  kw = _lax_kw(ns, stride, padding, dil)
+  tol = cu.tolerance(dtype)
+  cu.assert_close(y, cu.ref_conv(x, w, **kw), tol, f"fwd {name} {dtype}")
+  if grads:
+    rdx, rdw = cu.ref_conv_vjp(x, w, ct, **kw)
+    cu.assert_close(dx, rdx, tol, f"dgrad {name} {dtype}")
+    # the filter gradient of the big case sums 2.3M products per element: f32 accumulation error ~1e-5
+    wtol = max(tol, 1e-4) if name == "1to1_big_tiles" else tol
+    cu.assert_close(dw, rdw, wtol, f"wgrad {name} {dtype}")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_small_f32(name, rng):
+  _run_case(name, "float32", rng)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float64"])
+@pytest.mark.parametrize("name", QUICK_DTYPE_CASES)
+def test_small_dtypes(name, dtype, rng):
+  _run_case(name, dtype, rng)
+
+
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
+                                  "3d_1to1", "2to20_partial_chunks"])
+def test_small_bias_activation(name, act, rng):
+  shape, win, padding, dil, stride, k = CASES[name]
+  ns = len(shape) - 2
+  fn = {2: jaxconv.conv2d, 3: jaxconv.conv3d}[ns]
+  x = _put(cu.randn(rng, shape, np.float32))
+  w = _put(cu.randn(rng, (*win, shape[-1], k), np.float32))
+  b = _put(cu.randn(rng, (k,), np.float32))
+  y = jax.jit(functools.partial(fn, stride=stride, padding=padding, dilation=dil, activation=act,
+                                algorithm="small", precision="highest"))(x, w, b)
+  ref = cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(ns, stride, padding, dil)) + cu.f64(np.asarray(b))
+  if act == "relu":
+    ref = np.maximum(ref, 0)
+  elif act == "gelu":
+    ref = 0.5 * ref * (1 + np.tanh(np.sqrt(2 / np.pi) * (ref + 0.044715 * ref ** 3)))
+  elif act == "silu":
+    ref = ref / (1 + np.exp(-ref))
+  cu.assert_close(y, ref, cu.tolerance("float32"), f"{name} act={act}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", ["1to1_dil2", "1to16_tutorial", "4to1_dil2"])
+def test_small_half_inputs_f32_output(name, dtype, rng):
+  shape, win, padding, dil, stride, k = CASES[name]
+  x = _put(cu.randn(rng, shape, dtype))
+  w = _put(cu.randn(rng, (*win, shape[-1], k), dtype))
+  b = _put(cu.randn(rng, (k,), np.float32))
+  y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, dilation=dil, algorithm="small",
+                                preferred_element_type=jnp.float32, activation="relu"))(x, w, b)
+  assert y.dtype == jnp.float32
+  ref = cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(2, stride, padding, dil)) + cu.f64(np.asarray(b))
+  cu.assert_close(y, np.maximum(ref, 0), cu.tolerance(dtype, "float32"), name)
+
+
+def test_small_auto_matches_forced_and_is_deterministic(rng):
+  x = _put(cu.randn(rng, (2, 131, 257, 1), np.float32))
+  w = _put(cu.randn(rng, (3, 3, 1, 1), np.float32))
+  f = functools.partial(jaxconv.conv2d, padding="SAME", dilation=2)
+  forced = jax.jit(functools.partial(f, algorithm="small"))
+  y1, y2 = np.asarray(forced(x, w)), np.asarray(forced(x, w))
+  assert np.array_equal(y1, y2)
+  assert np.array_equal(np.asarray(jax.jit(f)(x, w)), y1)
+  g = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w, algorithm="small"))), argnums=(0, 1)))
+  (a1, b1), (a2, b2) = g(x, w), g(x, w)
+  assert np.array_equal(np.asarray(a1), np.asarray(a2)) and np.array_equal(np.asarray(b1), np.asarray(b2))
+
+
+def test_small_more_than_2_31_elements():
+  """bf16 1->1 3x3 over 3 images of 32767 x 32767 (> 2**31 elements in all; each image < 2**30, the family's
+  per-image bound): 64-bit batch offsets in the stencil's staging and stores, the far corner of the last image
+  and the middle of the first against a float64 reference on slices."""
+  shape = (3, 32767, 32767, 1)
+  assert np.prod(shape, dtype=np.int64) > 2 ** 31
+  _check_sliced_1to1(shape)
+
+
+def _check_sliced_1to1(shape):
+  kx, kw_ = jax.random.split(jax.random.key(1))
+  x = jax.random.normal(kx, shape, jnp.bfloat16)
+  w = jax.random.normal(kw_, (3, 3, 1, 1), jnp.bfloat16)
+  y = jax.jit(functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small"))(x, w)
+  H, W = shape[1], shape[2]
+  w_np = np.asarray(w)
+  kw = _lax_kw(2, (1, 1), "VALID", (1, 1))
+  for n, i0, j0 in [(2, H - 5, W - 5), (0, H // 2, W // 2), (2, 0, 0)]:
+    # padded 6x6 input window around outputs [i0, i0 + 4) x [j0, j0 + 4)
+    xs = np.zeros((1, 6, 6, 1), np.float64)
+    lo_i, lo_j = max(i0 - 1, 0), max(j0 - 1, 0)
+    hi_i, hi_j = min(i0 + 5, H), min(j0 + 5, W)
+    xs[0, lo_i - (i0 - 1):hi_i - (i0 - 1), lo_j - (j0 - 1):hi_j - (j0 - 1), :] = cu.f64(
+        x[n, lo_i:hi_i, lo_j:hi_j, :])
+    want = cu.ref_conv(xs, w_np, **kw)
+    got = np.asarray(y[n:n + 1, i0:i0 + 4, j0:j0 + 4, :])
+    cu.assert_close(got, want[:, :got.shape[1], :got.shape[2]], 1e-2, f"slice n={n} i={i0} j={j0}")
