@@ -63,6 +63,20 @@ def f64(a) -> np.ndarray:
   return np.asarray(a).astype(np.float64)
 
 
+def activation_ref(y, act) -> np.ndarray:
+  """The fused epilogue's activation in float64: None, relu, gelu (tanh form, jax.nn.gelu's default) or silu."""
+  y = f64(y)
+  if act is None:
+    return y
+  if act == "relu":
+    return np.maximum(y, 0)
+  if act == "gelu":
+    return 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+  if act == "silu":
+    return y / (1 + np.exp(-y))
+  raise ValueError(f"unknown activation {act!r}")
+
+
 def rel_l2(got, ref) -> float:
   """||got - ref|| / ||ref|| in float64 (absolute error when ref is all zeros); NaN/inf propagate."""
   got = f64(got)

@@ -137,9 +137,7 @@ def test_forced_algorithm(algorithm, dtype, rng):
     kw = dict(window_strides=(opts.get("stride", 1),) * ns, padding=opts["padding"],
               rhs_dilation=opts.get("dilation", (1,) * ns),
               dimension_numbers=("N" + sp + "C", sp + "IO", "N" + sp + "C"), feature_group_count=opts.get("groups", 1))
-    ref = cu.ref_conv(np.asarray(x), np.asarray(w), **kw) + cu.f64(np.asarray(b))
-    if act == "gelu":
-      ref = 0.5 * ref * (1 + np.tanh(np.sqrt(2 / np.pi) * (ref + 0.044715 * ref ** 3)))
+    ref = cu.activation_ref(cu.ref_conv(np.asarray(x), np.asarray(w), **kw) + cu.f64(np.asarray(b)), act)
     cu.assert_close(y, ref, cu.tolerance(dtype), f"algorithm={algorithm} act={act}")
     cu.assert_close(yauto, ref, cu.tolerance(dtype), f"auto act={act}")
   # The forced algorithm also runs the data and filter gradients (the spec carries it into the transposes).

@@ -137,13 +137,8 @@ def test_small_bias_activation(name, act, rng):
   b = _put(cu.randn(rng, (k,), np.float32))
   y = jax.jit(functools.partial(fn, stride=stride, padding=padding, dilation=dil, activation=act,
                                 algorithm="small", precision="highest"))(x, w, b)
-  ref = cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(ns, stride, padding, dil)) + cu.f64(np.asarray(b))
-  if act == "relu":
-    ref = np.maximum(ref, 0)
-  elif act == "gelu":
-    ref = 0.5 * ref * (1 + np.tanh(np.sqrt(2 / np.pi) * (ref + 0.044715 * ref ** 3)))
-  elif act == "silu":
-    ref = ref / (1 + np.exp(-ref))
+  ref = cu.activation_ref(
+      cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(ns, stride, padding, dil)) + cu.f64(np.asarray(b)), act)
   cu.assert_close(y, ref, cu.tolerance("float32"), f"{name} act={act}")
 
 

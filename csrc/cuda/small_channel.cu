@@ -906,23 +906,36 @@ __global__ void __launch_bounds__(kTw) TwWgradKernel(const TwArgs g, const T* __
     const int nt = min(g.taps_per, g.kh * g.kw - t_begin);
     __syncthreads();  // the previous block's readers are done with xs / ds / red
     // Stage x rows r0 - p0 .. + xh, cols c0 - p1 .. + xw, channels cb*CB ..; dy rows r0.., cols c0.., k kb*KB...
+    // One warp per row, lanes along the row (no divisions but by the compile-time CB / KB), 4 loads in flight.
     const T* xn = x + n * g.xN + cb * CB;
-    for (int e = tid; e < g.xh * g.xw * CB; e += kTw) {
-      const int ci = e % CB, q = e / CB;
-      const int col = q % g.xw, row = q / g.xw;
-      const int ih = r0 - g.p0 + row, iw = c0 - g.p1 + col;
-      float v = 0.f;
-      if (ih >= 0 && ih < g.ih && iw >= 0 && iw < g.iw) v = ToAcc(xn[ih * g.xH + static_cast<int64_t>(iw) * g.c + ci]);
-      xs[e] = v;
+    for (int row = warp; row < g.xh; row += kTw / 32) {
+      const int ih = r0 - g.p0 + row;
+      float* dst = xs + row * g.xw * CB;
+      if (ih < 0 || ih >= g.ih) {
+        for (int q = lane; q < g.xw * CB; q += 32) dst[q] = 0.f;
+        continue;
+      }
+      const T* src = xn + ih * g.xH;
+#pragma unroll 4
+      for (int q = lane; q < g.xw * CB; q += 32) {
+        const int iw = c0 - g.p1 + q / CB;
+        dst[q] = (iw >= 0 && iw < g.iw) ? ToAcc(src[static_cast<int64_t>(iw) * g.c + q % CB]) : 0.f;
+      }
     }
     const T* dn = dy + n * g.dN + kb * KB;
-    for (int e = tid; e < g.th * kTw * KB; e += kTw) {
-      const int co = e % KB, q = e / KB;
-      const int col = q % kTw, row = q / kTw;
-      const int oh = r0 + row, ow = c0 + col;
-      float v = 0.f;
-      if (oh < g.oh && ow < g.ow) v = ToAcc(dn[oh * g.dH + static_cast<int64_t>(ow) * g.k + co]);
-      ds[e] = v;
+    for (int row = warp; row < g.th; row += kTw / 32) {
+      const int oh = r0 + row;
+      float* dst = ds + row * kTw * KB;
+      if (oh >= g.oh) {
+        for (int q = lane; q < kTw * KB; q += 32) dst[q] = 0.f;
+        continue;
+      }
+      const T* src = dn + oh * g.dH;
+#pragma unroll 4
+      for (int q = lane; q < kTw * KB; q += 32) {
+        const int ow = c0 + q / KB;
+        dst[q] = ow < g.ow ? ToAcc(src[static_cast<int64_t>(ow) * g.k + q % KB]) : 0.f;
+      }
     }
     __syncthreads();
     float acc[NT][CB][KB];
@@ -943,15 +956,12 @@ __global__ void __launch_bounds__(kTw) TwWgradKernel(const TwArgs g, const T* __
     if (c0 + tid < g.ow) {
       for (int r = 0; r < rows; ++r) {
         float dv[KB];
-#pragma unroll
-        for (int b = 0; b < KB; ++b) dv[b] = ds[(r * kTw + tid) * KB + b];
+        LdN<KB>(ds + (r * kTw + tid) * KB, dv);  // 16-byte aligned for KB = 4
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           if (t < nt) {
-            const float* xp = xs + (r * g.xw + tid + toff[t]) * CB;
             float xv[CB];
-#pragma unroll
-            for (int a = 0; a < CB; ++a) xv[a] = xp[a];
+            LdN<CB>(xs + (r * g.xw + tid + toff[t]) * CB, xv);
 #pragma unroll
             for (int a = 0; a < CB; ++a)
 #pragma unroll
@@ -960,9 +970,10 @@ __global__ void __launch_bounds__(kTw) TwWgradKernel(const TwArgs g, const T* __
         }
       }
     }
-    // Fixed-order block reduction: butterfly within warps, then warps 0..3 in order by thread 0's row.
+    // Fixed-order block reduction: butterfly within warps, then the 4 warps in order.
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;  // uniform over the block
 #pragma unroll
       for (int a = 0; a < CB; ++a)
 #pragma unroll
@@ -972,6 +983,7 @@ __global__ void __launch_bounds__(kTw) TwWgradKernel(const TwArgs g, const T* __
           for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
           if (lane == 0) red[warp][(t * CB + a) * KB + b] = v;
         }
+    }
     __syncthreads();
     for (int e = tid; e < nt * CB * KB; e += kTw) {
       float v = 0.f;
