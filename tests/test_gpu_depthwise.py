@@ -1,0 +1,213 @@
+"""GPU checks of the channels-last depthwise kernels (csrc/cuda/depthwise.cu), forced with
+algorithm="depthwise": the vectorised fwd/dgrad tile kernel and the vectorised wgrad at their edges (channel
+tiles, C equal to one 16-byte vector, odd/prime sizes, stride 2, asymmetric and causal pads, H dilation, 1-D,
+2-D and 3-D, 31x31 on 28x28, fused bias + activation, all dtypes) and the older kernels they fall back to (C not
+a multiple of the vector width, W dilation). Every result is compared with a float64 reference. Skipped
+cleanly without CUDA."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import conv_utils as cu
+import jaxconv
+
+pytestmark = pytest.mark.gpu
+
+# name: (x shape (N, spatial..., C), window, stride, padding pairs, dilation)
+CASES = {
+    # C = 16: two bf16 vectors, four f32 vectors; 3x3 stride 1 on odd sizes
+    "3x3_s1_13x17": ((2, 13, 17, 16), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    # stride 2 (W stride 2 path) with odd sizes and an asymmetric pad
+    "3x3_s2_odd": ((2, 15, 19, 24), (3, 3), (2, 2), ((1, 0), (1, 1)), (1, 1)),
+    # C = 8: exactly one bf16/f16 vector (two f32 vectors); W = 4099 spans many tiles
+    "1d_causal_k4_c8": ((2, 4099, 8), (4,), (1,), ((3, 0),), (1,)),
+    # Mamba-like channel count (64-channel tiles) and causal pad
+    "1d_causal_k4_c256": ((2, 517, 256), (4,), (1,), ((3, 0),), (1,)),
+    # 7x7 (two 4-/8-tap steps), C = 144 (channel tiles wider than 32) and outputs past the last full segment
+    "7x7_c144": ((1, 23, 57, 144), (7, 7), (1, 1), ((3, 3), (3, 3)), (1, 1)),
+    # 31x31 on 28x28 (large filter: narrow channel tiles, one shared-memory stage)
+    "31x31_28": ((1, 28, 28, 16), (31, 31), (1, 1), ((15, 15), (15, 15)), (1, 1)),
+    # H dilation, asymmetric and negative pads
+    "5x3_hdil2_pads": ((2, 17, 13, 32), (5, 3), (1, 1), ((4, -1), (0, 2)), (2, 1)),
+    # W dilation: fwd/dgrad fall back to the older kernels, wgrad takes the per-tap path
+    "3x3_wdil2": ((1, 19, 21, 8), (3, 3), (1, 1), ((1, 1), (2, 2)), (1, 2)),
+    # C = 6: not a multiple of the f32/bf16 vector (fallback), a multiple of the f64 one
+    "3x3_c6": ((2, 11, 13, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    # mixed strides, 5x5 (stride 1 along H, 2 along W), prime sizes
+    "5x5_s12": ((1, 29, 31, 40), (5, 5), (1, 2), ((2, 2), (2, 2)), (1, 1)),
+    # 3-D: the D window loop and D-strided tiles
+    "3d_3x3x3": ((1, 5, 9, 11, 16), (3, 3, 3), (2, 1, 1), ((1, 1), (1, 1), (1, 1)), (1, 1, 1)),
+}
+
+ALL_DTYPES = ("float32", "bfloat16", "float16", "float64")
+FULL = ("3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c8", "7x7_c144", "3x3_c6")
+
+
+def _params():
+  out = []
+  for name in CASES:
+    for dt in ALL_DTYPES if name in FULL else ("float32", "bfloat16"):
+      out.append((name, dt))
+  return out
+
+
+def _kw(x_shape, window, stride, padding, dilation):
+  ns = len(window)
+  sp = "DHW"[3 - ns:]
+  return dict(window_strides=stride, padding=padding, rhs_dilation=dilation,
+              dimension_numbers=("N" + sp + "C", sp + "IO", "N" + sp + "C"), feature_group_count=x_shape[-1])
+
+
+def _fn(ns):
+  return {1: jaxconv.conv1d, 2: jaxconv.conv2d, 3: jaxconv.conv3d}[ns]
+
+
+def _ctx(dtype):
+  return cu.enable_x64() if dtype == "float64" else jax.default_device(jax.devices("gpu")[0])
+
+
+def _put(a):
+  return jax.device_put(a, jax.devices("gpu")[0])
+
+
+@pytest.mark.parametrize("name,dtype", _params())
+def test_depthwise_fwd_dgrad_wgrad(name, dtype, rng):
+  x_shape, window, stride, padding, dilation = CASES[name]
+  c = x_shape[-1]
+  ns = len(window)
+  kw = _kw(*CASES[name])
+  conv = functools.partial(_fn(ns), stride=stride, padding=list(padding), dilation=dilation, groups=c,
+                           algorithm="depthwise", precision="highest")
+  with _ctx(dtype):
+    x = _put(cu.randn(rng, x_shape, dtype))
+    w = _put(cu.randn(rng, (*window, 1, c), dtype))
+    y = jax.jit(conv)(x, w)
+    ct = _put(cu.randn(rng, y.shape, dtype))
+    vjp = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))
+    dx, dw = vjp(x, w, ct)
+    dx2, dw2 = vjp(x, w, ct)
+    x, w, ct, y, dx, dw, dx2, dw2 = (np.asarray(a) for a in (x, w, ct, y, dx, dw, dx2, dw2))
+  tol = cu.tolerance(dtype)
+  cu.assert_close(y, cu.ref_conv(x, w, **kw), tol, f"fwd {name}")
+  rdx, rdw = cu.ref_conv_vjp(x, w, ct, **kw)
+  cu.assert_close(dx, rdx, tol, f"dgrad {name}")
+  cu.assert_close(dw, rdw, tol, f"wgrad {name}")
+  # deterministic: no atomics, fixed-order split reduction
+  np.testing.assert_array_equal(dx, dx2)
+  np.testing.assert_array_equal(dw, dw2)
+
+
+EPILOGUE = ["3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c256", "7x7_c144", "31x31_28"]
+ACTS = [None, "relu", "gelu", "silu"]
+OUT_DTYPES = [("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", "float32")]
+
+
+def _epilogue_params():  # every (case, dtype pair) once, the activations rotating through them
+  return [(name, dt, odt, ACTS[(i + j) % len(ACTS)]) for i, name in enumerate(EPILOGUE)
+          for j, (dt, odt) in enumerate(OUT_DTYPES)]
+
+
+@pytest.mark.parametrize("name,dtype,out_dtype,act", _epilogue_params())
+def test_depthwise_bias_activation(name, dtype, out_dtype, act, rng):
+  x_shape, window, stride, padding, dilation = CASES[name]
+  c = x_shape[-1]
+  ns = len(window)
+  kw = _kw(*CASES[name])
+  x = _put(cu.randn(rng, x_shape, dtype))
+  w = _put(cu.randn(rng, (*window, 1, c), dtype))
+  b = _put(cu.randn(rng, (c,), out_dtype or dtype))
+  conv = functools.partial(_fn(ns), stride=stride, padding=list(padding), dilation=dilation, groups=c,
+                           algorithm="depthwise", precision="highest", activation=act,
+                           preferred_element_type=out_dtype)
+  y = np.asarray(jax.jit(conv)(x, w, b))
+  assert y.dtype == np.dtype(cu.np_dtype(out_dtype or dtype))
+  ref = cu.activation_ref(cu.ref_conv(np.asarray(x), np.asarray(w), **kw) + cu.f64(np.asarray(b)), act)
+  cu.assert_close(y, ref, cu.tolerance(dtype, out_dtype), f"{name} act={act} out={out_dtype}")
+
+
+def test_depthwise_wgrad_large_batch_splits(rng):
+  """Enough positions for many wgrad splits (scratch + ReduceSplits), 1-D with W segments."""
+  x_shape, window = (8, 1030, 64), (4,)
+  c = x_shape[-1]
+  conv = functools.partial(jaxconv.conv1d, stride=1, padding=[(3, 0)], groups=c, algorithm="depthwise",
+                           precision="highest")
+  x = _put(cu.randn(rng, x_shape, "float32"))
+  w = _put(cu.randn(rng, (*window, 1, c), "float32"))
+  ct = _put(cu.randn(rng, x_shape, "float32"))
+  dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
+  kw = _kw(x_shape, window, (1,), ((3, 0),), (1,))
+  rdx, rdw = cu.ref_conv_vjp(np.asarray(x), np.asarray(w), np.asarray(ct), **kw)
+  cu.assert_close(dx, rdx, 1e-5, "dgrad")
+  cu.assert_close(dw, rdw, 1e-5, "wgrad")
+
+
+def _shifted_ref(x, w, dy, pads):
+  """float64 depthwise fwd/dgrad/wgrad for stride 1, no dilation, non-negative pads, as sums of shifted
+  arrays (memory-light, for inputs too large for the im2col reference). x (N, H, W, C), w (KH, KW, 1, C)."""
+  x, w, dy = cu.f64(x), cu.f64(w), cu.f64(dy)
+  (pt, pb), (pl, pr) = pads
+  kh, kw = w.shape[:2]
+  xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+  oh, ow = xp.shape[1] - kh + 1, xp.shape[2] - kw + 1
+  y = np.zeros((x.shape[0], oh, ow, x.shape[3]))
+  dxp = np.zeros_like(xp)
+  dw = np.zeros(w.shape)
+  for a in range(kh):
+    for b in range(kw):
+      win = xp[:, a:a + oh, b:b + ow, :]
+      y += win * w[a, b, 0]
+      dxp[:, a:a + oh, b:b + ow, :] += dy * w[a, b, 0]
+      dw[a, b, 0] = np.einsum("nijc,nijc->c", win, dy)
+  return y, dxp[:, pt:pt + x.shape[1], pl:pl + x.shape[2], :], dw
+
+
+@pytest.mark.parametrize("kind", ["2d_3x3_c96", "1d_causal_k4_c256"])
+def test_depthwise_many_tiles_bf16(kind, rng):
+  """More tiles than the persistent grid of the double-buffered kernel (blocks prefetch their next tile),
+  bf16 as in MobileNetV2 / Mamba."""
+  if kind == "2d_3x3_c96":
+    x_shape, window, pads, fn = (16, 56, 56, 96), (3, 3), ((1, 1), (1, 1)), jaxconv.conv2d
+  else:
+    x_shape, window, pads, fn = (12, 2048, 256), (4,), ((3, 0),), jaxconv.conv1d
+  c = x_shape[-1]
+  conv = functools.partial(fn, stride=1, padding=list(pads), groups=c, algorithm="depthwise", precision="highest")
+  x = _put(cu.randn(rng, x_shape, "bfloat16"))
+  w = _put(cu.randn(rng, (*window, 1, c), "bfloat16"))
+  y = jax.jit(conv)(x, w)
+  ct = _put(cu.randn(rng, y.shape, "bfloat16"))
+  dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
+  x, w, ct, y, dx, dw = (np.asarray(a) for a in (x, w, ct, y, dx, dw))
+  if len(window) == 1:  # as 2-D with H = 1
+    ry, rdx, rdw = _shifted_ref(x[:, None], w[None], ct[:, None], ((0, 0), pads[0]))
+    ry, rdx, rdw = ry[:, 0], rdx[:, 0], rdw[0]
+  else:
+    ry, rdx, rdw = _shifted_ref(x, w, ct, pads)
+  cu.assert_close(y, ry, 1e-2, f"fwd {kind}")
+  cu.assert_close(dx, rdx, 1e-2, f"dgrad {kind}")
+  cu.assert_close(dw, rdw, 1e-2, f"wgrad {kind}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_depthwise_inf_reaches_only_its_windows(dtype, rng):
+  """An inf in the last input column reaches only the outputs (fwd) and filter taps (wgrad) that use it: no
+  kernel may multiply it by a padded zero or an out-of-range cotangent (inf * 0 = nan)."""
+  c, width, taps = 16, 67, 4
+  x = cu.randn(rng, (2, width, c), dtype)
+  x[1, -1, :] = np.inf
+  w = cu.randn(rng, (taps, 1, c), dtype)
+  conv = functools.partial(jaxconv.conv1d, padding="VALID", groups=c, algorithm="depthwise", precision="highest")
+  xg, wg = _put(x), _put(w)
+  y = np.asarray(jax.jit(conv)(xg, wg)).astype(np.float64)
+  assert np.all(np.isfinite(y[0])) and np.all(np.isfinite(y[1, :-1])), "fwd: inf leaked"
+  assert not np.any(np.isfinite(y[1, -1]))
+  ct = _put(cu.randn(rng, y.shape, dtype))
+  dw = np.asarray(jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct)[1])(xg, wg, ct)).astype(np.float64)
+  # the last column pairs only with tap taps-1 (through the last output)
+  assert np.all(np.isfinite(dw[:-1])), "wgrad: inf leaked into taps that never see it"
+  assert not np.any(np.isfinite(dw[-1]))
