@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from jaxconv.bench import cases, stats
+from jaxconv.bench import cases, merge, stats
 
 
 def test_quick_benchmark_runs_and_writes_its_reports(tmp_path):
@@ -30,6 +30,16 @@ def test_quick_benchmark_runs_and_writes_its_reports(tmp_path):
   assert "jaxconv" in md and "lax" in md
   for png in ("speedup.png", "roofline.png"):
     assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+  # Merging this run with itself (runs split over several device calls are merged so) keeps every
+  # measurement and rewrites the three outputs; --commit names the commit the device could not know.
+  merged = tmp_path / "merged"
+  merge.main([str(merged), str(tmp_path / "results.json"), str(tmp_path / "results.json"), "--commit", "abc1234"])
+  both = json.loads((merged / "results.json").read_text())
+  assert len(both["results"]) == 2 * len(res["results"])
+  assert both["meta"]["git_commit"] == "abc1234" and len(both["meta"]["argv"]) == 2
+  assert "abc1234" in (merged / "results.md").read_text()
+  assert (merged / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_slope_fit_recovers_a_known_device_time():

@@ -124,9 +124,13 @@ def run_metadata(argv) -> dict:
     import jaxlib
     dev = jax.devices()[0]
     here = os.path.dirname(os.path.abspath(__file__))
-    # A copy of the tree without .git (as on a lent GPU machine) names its commit in JAXCONV_COMMIT.
-    commit = _git(["rev-parse", "HEAD"], here) or os.environ.get("JAXCONV_COMMIT")
-    dirty = bool(_git(["status", "--porcelain", "--untracked-files=no"], here)) if commit else None
+    # A copied tree (as on a lent GPU machine, whose .git may be absent or stale) names its commit in
+    # JAXCONV_COMMIT; the caller's word wins over git's.
+    commit = os.environ.get("JAXCONV_COMMIT")
+    dirty = None
+    if not commit:
+        commit = _git(["rev-parse", "HEAD"], here)
+        dirty = bool(_git(["status", "--porcelain", "--untracked-files=no"], here)) if commit else None
     meta = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         host=platform.node(), python=platform.python_version(), jax=jax.__version__,
