@@ -33,6 +33,11 @@ def built_with_cuda() -> bool:
   return bool(build_info()["cuda"])
 
 
+def algorithm_error(params) -> str:
+  """Why the forced algorithm in these packed params cannot run the problem ('' when it can)."""
+  return str(_ext.algorithm_error([int(v) for v in params]))
+
+
 def workspace_bytes(op: str, params, dtype) -> int:
   """Device workspace (bytes) the CUDA kernels need for `op` on these packed params and operand dtype."""
   return int(_ext.workspace_bytes(op, [int(v) for v in params], str(dtype)))

@@ -221,6 +221,41 @@ def test_convnd_algorithm_unknown():
     jaxconv.conv2d(_x(), _x((3, 3, 4, 4)), algorithm="winograd")
 
 
+@pytest.mark.parametrize("algorithm, x_shape, w_shape, kw, missing", [
+    ("long1d", (2, 6, 6, 4), (3, 3, 4, 4), {}, "one spatial dim"),             # 2-D problem
+    ("long1d", (2, 40, 4), (9, 4, 4), dict(stride=2), "stride"),               # strided
+    ("depthwise", (2, 6, 6, 4), (3, 3, 4, 4), {}, "groups == c == k"),         # dense
+    ("small", (2, 6, 6, 32), (3, 3, 32, 4), {}, "c <= 16"),                    # too many input channels
+    ("small", (2, 4, 6, 6), (4, 4, 3, 3), dict(data_format="channels_first"), "channels-last"),
+])
+def test_forced_algorithm_that_does_not_apply_fails_at_trace_time(algorithm, x_shape, w_shape, kw, missing):
+  """A forced algorithm is checked against its kernel family's own predicate (the CUDA dispatch's code) when
+  the function is traced, on every platform, naming the argument and the condition it misses."""
+  conv = {3: jaxconv.conv1d, 4: jaxconv.conv2d}[len(x_shape)]
+  fn = jax.jit(lambda x, w: conv(x, w, algorithm=algorithm, **kw))
+  with pytest.raises(ValueError, match=rf"algorithm='{algorithm}' cannot run this convolution.*{missing}"):
+    fn.trace(_x(x_shape), _x(w_shape))
+
+
+@pytest.mark.parametrize("algorithm, x_shape, w_shape, kw", [
+    ("long1d", (2, 300, 2), (65, 2, 3), {}),
+    ("depthwise", (2, 6, 6, 4), (3, 3, 1, 4), dict(groups=4)),
+    ("small", (2, 6, 6, 3), (3, 3, 3, 8), {}),
+    ("direct", (2, 6, 6, 4), (3, 3, 4, 4), {}),
+])
+def test_forced_algorithm_that_applies_runs(algorithm, x_shape, w_shape, kw):
+  """The trace-time check accepts problems the family supports (and the result is lax's)."""
+  conv = {3: jaxconv.conv1d, 4: jaxconv.conv2d}[len(x_shape)]
+  rng = np.random.default_rng(len(algorithm))
+  x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
+  w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32)
+  got = conv(x, w, algorithm=algorithm, precision="highest", **kw)
+  dn = ("NWC", "WIO", "NWC") if len(x_shape) == 3 else ("NHWC", "HWIO", "NHWC")
+  want = lax.conv_general_dilated(x, w, (1,) * (len(x_shape) - 2), "VALID", dimension_numbers=dn,
+                                  feature_group_count=kw.get("groups", 1), precision="highest")
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-4)
+
+
 def test_errors_do_not_leave_state_behind():
   """After an error the same function still works (no cached broken trace)."""
   f = jax.jit(lambda x, w: jaxconv.conv2d(x, w, padding="SAME"))

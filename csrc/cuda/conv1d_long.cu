@@ -212,18 +212,6 @@ cudaError_t RunLong(const LongArgs& g, DT in, DT out, const void* a, const void*
 
 }  // namespace
 
-bool Long1DApplies(const ConvParams& p) {
-  if (p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
-  if (p.c[0] < 1 || p.c[0] > 8 || p.k[0] < 1 || p.k[0] > 8) return false;
-  for (int d = 0; d < 3; ++d) {
-    if (p.stride[d] != 1 || p.lhs_dil[d] != 1 || p.rhs_dil[d] != 1) return false;
-  }
-  for (int d = 0; d < 2; ++d) {
-    if (p.in[d] != 1 || p.win[d] != 1 || p.out[d] != 1) return false;
-  }
-  return true;
-}
-
 cudaError_t Long1DFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
                       cudaStream_t s) {
   LongArgs g = MakeLongArgs(p, kModeFwd);

@@ -1097,10 +1097,6 @@ cudaError_t TryDwVecWgrad(const ConvParams& p, DT in, const void* x, const void*
 
 }  // namespace
 
-bool DepthwiseApplies(const ConvParams& p) {
-  return p.groups[0] == p.c[0] && p.k[0] == p.c[0] && p.batch_groups[0] == 1 && p.c[0] >= 1;
-}
-
 cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
                          cudaStream_t s) {
   const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);

@@ -1,58 +1,15 @@
 // The one place that picks the algorithm for an op and routes to the kernel family.
+#include "algorithms.h"
 #include "cuda/common.cuh"
 
 namespace jaxconv {
 namespace cuda {
 
-namespace {
-// Auto prefers the specialised kernels only where they are expected to win.
-bool AutoLong1D(const ConvParams& p) { return Long1DApplies(p) && p.win[2] >= 64; }
-}  // namespace
-
 Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo) {
-  const int64_t want = p.algorithm[0];
   Status st;
-  switch (want) {
-    case kAlgoAuto:
-      // long 1-D windows keep the tiled long1d kernel; small channel counts (including c == k == 1, which
-      // DepthwiseApplies also accepts) take small_channel; then depthwise; else direct.
-      *algo = AutoLong1D(p)              ? kAlgoLong1D
-              : SmallChannelApplies(p)   ? kAlgoSmallChannel
-              : DepthwiseApplies(p)      ? kAlgoDepthwise
-                                         : kAlgoDirect;
-      return st;
-    case kAlgoDirect: *algo = kAlgoDirect; return st;
-    case kAlgoDepthwise:
-      if (!DepthwiseApplies(p)) {
-        st.code = 1;
-        st.msg = "algorithm=depthwise requires groups == c == k and batch_groups == 1";
-        return st;
-      }
-      *algo = kAlgoDepthwise;
-      return st;
-    case kAlgoLong1D:
-      if (!Long1DApplies(p)) {
-        st.code = 1;
-        st.msg = "algorithm=long1d requires one spatial dim, stride, lhs and rhs dilation 1, groups == "
-                 "batch_groups == 1 and 1 <= c, k <= 8";
-        return st;
-      }
-      *algo = kAlgoLong1D;
-      return st;
-    case kAlgoSmallChannel:
-      if (!SmallChannelApplies(p)) {
-        st.code = 1;
-        st.msg = "algorithm=small requires channels-last layout, groups == batch_groups == 1, 1 <= c <= 16, "
-                 "1 <= k <= 64 and window taps * c * k <= 12288";
-        return st;
-      }
-      *algo = kAlgoSmallChannel;
-      return st;
-    default:
-      st.code = 1;
-      st.msg = "unknown algorithm " + std::to_string(want);
-      return st;
-  }
+  *algo = ResolveAlgorithm(p, &st.msg);  // algorithms.h: the predicates, shared with the Python layer
+  if (*algo < 0) st.code = 1;
+  return st;
 }
 
 size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {

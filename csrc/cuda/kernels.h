@@ -36,10 +36,7 @@ size_t WorkspaceBytes(const ConvParams& p, CudaOp op, DT in);
 Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
                const void* bias, void* out_buf, void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
-// ---- predicates ----
-bool DepthwiseApplies(const ConvParams& p);
-bool Long1DApplies(const ConvParams& p);
-bool SmallChannelApplies(const ConvParams& p);
+// The families' predicates are in algorithms.h.
 
 // ---- direct.cu: every configuration ----
 cudaError_t DirectFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,

@@ -1077,29 +1077,6 @@ cudaError_t RunTw(const TwArgs& g, int cbw, int kbw, const void* x, const void* 
 
 }  // namespace
 
-bool SmallChannelApplies(const ConvParams& p) {
-  if (p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
-  if (p.c[0] < 1 || p.c[0] > 16 || p.k[0] < 1 || p.k[0] > 64) return false;
-  const int64_t ntaps = SpatialCount(p.win);
-  if (ntaps < 1 || ntaps * p.c[0] * p.k[0] > 12288) return false;
-  // The kernels do per-image coordinate and offset arithmetic in 32 bits: bound every coordinate they form
-  // (fwd q = o*stride - pad_lo + f*rhs_dil, dgrad q = i*lhs_dil + pad_lo - f*rhs_dil, plus a few strides of
-  // look-ahead) and the per-image element counts of x and y.
-  const int64_t kLim = int64_t(1) << 30;
-  for (int d = 0; d < 3; ++d) {
-    const int64_t plo = p.pad_lo[d] < 0 ? -p.pad_lo[d] : p.pad_lo[d];
-    const int64_t phi = p.pad_hi[d] < 0 ? -p.pad_hi[d] : p.pad_hi[d];
-    if (p.in[d] >= kLim || p.out[d] >= kLim || p.win[d] >= kLim || p.stride[d] >= kLim || p.lhs_dil[d] >= kLim ||
-        p.rhs_dil[d] >= kLim || plo >= kLim || phi >= kLim) {
-      return false;
-    }
-    const int64_t a = p.in[d] * p.lhs_dil[d] + plo + phi + p.win[d] * p.rhs_dil[d] + p.out[d] * p.stride[d] +
-                      8 * (p.stride[d] + p.lhs_dil[d]);  // all terms < 2^60: no overflow
-    if (a >= kLim) return false;
-  }
-  return SpatialCount(p.in) * p.c[0] < kLim && SpatialCount(p.out) * p.k[0] < kLim;
-}
-
 cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s) {
   const Strides5 xs = XStrides(p), ys = YStrides(p);

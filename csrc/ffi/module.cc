@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms.h"
 #include "conv_params.h"
 #include "xla/ffi/api/api.h"
 
@@ -74,6 +75,18 @@ PYBIND11_MODULE(_jaxconv_native, m) {
         return fields;
       },
       "[(name, count)] of the packed int64 `params` attribute, in order.");
+
+  m.def(
+      "algorithm_error",
+      [](const std::vector<int64_t>& params) -> std::string {
+        jaxconv::ConvParams p;
+        const std::string err = jaxconv::DecodeParams(params.data(), static_cast<int64_t>(params.size()), &p);
+        if (!err.empty()) throw py::value_error("algorithm_error: " + err);
+        std::string why;
+        return jaxconv::ResolveAlgorithm(p, &why) < 0 ? why : std::string();
+      },
+      py::arg("params"),
+      "Why the packed params' forced algorithm cannot run the problem on the GPU ('' when it can, or for auto).");
 
   m.def(
       "workspace_bytes",

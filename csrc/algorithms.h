@@ -1,0 +1,88 @@
+// The algorithm families' predicates and the choice among them: which problems each CUDA kernel family
+// supports, as plain C++ on ConvParams so that the Python layer can check a forced `algorithm=` at trace time
+// (the extension's algorithm_error) with the same code the CUDA dispatch runs. Built with and without CUDA.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "conv_params.h"
+
+namespace jaxconv {
+
+// groups == c == k, batch_groups == 1 (depthwise multiplier 1).
+inline bool DepthwiseApplies(const ConvParams& p) {
+  return p.groups[0] == p.c[0] && p.k[0] == p.c[0] && p.batch_groups[0] == 1 && p.c[0] >= 1;
+}
+
+// One spatial dim, stride, lhs and rhs dilation 1, groups == batch_groups == 1, 1 <= c, k <= 8.
+inline bool Long1DApplies(const ConvParams& p) {
+  if (p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
+  if (p.c[0] < 1 || p.c[0] > 8 || p.k[0] < 1 || p.k[0] > 8) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (p.stride[d] != 1 || p.lhs_dil[d] != 1 || p.rhs_dil[d] != 1) return false;
+  }
+  for (int d = 0; d < 2; ++d) {
+    if (p.in[d] != 1 || p.win[d] != 1 || p.out[d] != 1) return false;
+  }
+  return true;
+}
+
+// Channels-last, groups == batch_groups == 1, 1 <= c <= 16, 1 <= k <= 64, taps * c * k <= 12288, and 32-bit
+// per-image coordinates.
+inline bool SmallChannelApplies(const ConvParams& p) {
+  if (p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
+  if (p.c[0] < 1 || p.c[0] > 16 || p.k[0] < 1 || p.k[0] > 64) return false;
+  const int64_t ntaps = SpatialCount(p.win);
+  if (ntaps < 1 || ntaps * p.c[0] * p.k[0] > 12288) return false;
+  // The kernels do per-image coordinate and offset arithmetic in 32 bits: bound every coordinate they form
+  // (fwd q = o*stride - pad_lo + f*rhs_dil, dgrad q = i*lhs_dil + pad_lo - f*rhs_dil, plus a few strides of
+  // look-ahead) and the per-image element counts of x and y.
+  const int64_t kLim = int64_t(1) << 30;
+  for (int d = 0; d < 3; ++d) {
+    const int64_t plo = p.pad_lo[d] < 0 ? -p.pad_lo[d] : p.pad_lo[d];
+    const int64_t phi = p.pad_hi[d] < 0 ? -p.pad_hi[d] : p.pad_hi[d];
+    if (p.in[d] >= kLim || p.out[d] >= kLim || p.win[d] >= kLim || p.stride[d] >= kLim || p.lhs_dil[d] >= kLim ||
+        p.rhs_dil[d] >= kLim || plo >= kLim || phi >= kLim) {
+      return false;
+    }
+    const int64_t a = p.in[d] * p.lhs_dil[d] + plo + phi + p.win[d] * p.rhs_dil[d] + p.out[d] * p.stride[d] +
+                      8 * (p.stride[d] + p.lhs_dil[d]);  // all terms < 2^60: no overflow
+    if (a >= kLim) return false;
+  }
+  return SpatialCount(p.in) * p.c[0] < kLim && SpatialCount(p.out) * p.k[0] < kLim;
+}
+
+// The algorithm to run for p.algorithm (kAlgoAuto picks by the predicates), or -1 with *why saying which
+// conditions a forced algorithm misses.
+inline int64_t ResolveAlgorithm(const ConvParams& p, std::string* why) {
+  switch (p.algorithm[0]) {
+    case kAlgoAuto:
+      // Long 1-D windows keep the tiled long1d kernel; small channel counts (including c == k == 1, which
+      // DepthwiseApplies also accepts) take small_channel; then depthwise; else direct.
+      if (Long1DApplies(p) && p.win[2] >= 64) return kAlgoLong1D;
+      if (SmallChannelApplies(p)) return kAlgoSmallChannel;
+      if (DepthwiseApplies(p)) return kAlgoDepthwise;
+      return kAlgoDirect;
+    case kAlgoDirect: return kAlgoDirect;
+    case kAlgoDepthwise:
+      if (DepthwiseApplies(p)) return kAlgoDepthwise;
+      *why = "algorithm=depthwise requires groups == c == k and batch_groups == 1";
+      return -1;
+    case kAlgoLong1D:
+      if (Long1DApplies(p)) return kAlgoLong1D;
+      *why = "algorithm=long1d requires one spatial dim, stride, lhs and rhs dilation 1, groups == "
+             "batch_groups == 1 and 1 <= c, k <= 8";
+      return -1;
+    case kAlgoSmallChannel:
+      if (SmallChannelApplies(p)) return kAlgoSmallChannel;
+      *why = "algorithm=small requires channels-last layout, groups == batch_groups == 1, 1 <= c <= 16, "
+             "1 <= k <= 64 and window taps * c * k <= 12288";
+      return -1;
+    default:
+      *why = "unknown algorithm " + std::to_string(p.algorithm[0]);
+      return -1;
+  }
+}
+
+}  // namespace jaxconv
