@@ -59,6 +59,22 @@ def cpu_device():
   return jax.devices("cpu")[0]
 
 
+def to_gpu(a):
+  """`a` on the first GPU (GPU-only tests)."""
+  return jax.device_put(a, jax.devices("gpu")[0])
+
+
+def gpu_context(dtype):
+  """The context a GPU test computes `dtype` in: 64-bit types on for float64, else the GPU as default device."""
+  return enable_x64() if str(dtype) == "float64" else jax.default_device(jax.devices("gpu")[0])
+
+
+def channels_last_dn(nspatial):
+  """lax dimension numbers of jaxconv's channels-last layout: (N, *spatial, C), (*window, I, O), (N, *spatial, K)."""
+  sp = "DHW"[3 - nspatial:]
+  return ("N" + sp + "C", sp + "IO", "N" + sp + "C")
+
+
 def f64(a) -> np.ndarray:
   return np.asarray(a).astype(np.float64)
 

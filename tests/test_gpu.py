@@ -20,8 +20,7 @@ NHWC = ("NHWC", "HWIO", "NHWC")
 
 
 def _gpu_arrays(rng, *shapes, dtype=np.float32):
-  dev = jax.devices("gpu")[0]
-  return [jax.device_put(cu.randn(rng, s, dtype), dev) for s in shapes]
+  return [cu.to_gpu(cu.randn(rng, s, dtype)) for s in shapes]
 
 
 def test_compiled_hlo_uses_jaxconv_not_cudnn(rng):
@@ -59,8 +58,7 @@ ODD = [  # lhs shape (NHWC), window, strides, padding, groups
 def test_odd_prime_sizes_match_reference(case, dtype, rng):
   shape, win, strides, padding, g = ODD[case]
   k = 3 * g
-  ctx = cu.enable_x64() if dtype == "float64" else jax.default_device(jax.devices("gpu")[0])
-  with ctx:
+  with cu.gpu_context(dtype):
     x, w = _gpu_arrays(rng, shape, (*win, shape[-1] // g, k), dtype=dtype)
     kw = dict(window_strides=strides, padding=padding, dimension_numbers=NHWC, feature_group_count=g)
     y = jax.jit(functools.partial(jaxconv.conv_general_dilated, precision="highest", **kw))(x, w)
@@ -133,10 +131,9 @@ def test_forced_algorithm(algorithm, dtype, rng):
   for act in (None, "gelu"):
     y = jax.jit(functools.partial(fn, algorithm=algorithm, activation=act, precision="highest", **opts))(x, w, b)
     yauto = jax.jit(functools.partial(fn, activation=act, precision="highest", **opts))(x, w, b)
-    sp = "DHW"[3 - ns:]
     kw = dict(window_strides=(opts.get("stride", 1),) * ns, padding=opts["padding"],
               rhs_dilation=opts.get("dilation", (1,) * ns),
-              dimension_numbers=("N" + sp + "C", sp + "IO", "N" + sp + "C"), feature_group_count=opts.get("groups", 1))
+              dimension_numbers=cu.channels_last_dn(ns), feature_group_count=opts.get("groups", 1))
     ref = cu.activation_ref(cu.ref_conv(np.asarray(x), np.asarray(w), **kw) + cu.f64(np.asarray(b)), act)
     cu.assert_close(y, ref, cu.tolerance(dtype), f"algorithm={algorithm} act={act}")
     cu.assert_close(yauto, ref, cu.tolerance(dtype), f"auto act={act}")
@@ -154,8 +151,7 @@ def test_long1d_window_longer_than_a_stage(dtype, rng):
   """long1d stages the reduction in chunks of 1152 taps worked in periods of 24 plus single taps: a 2047-tap
   window crosses a chunk boundary and ends in a partial period; batch 2 x 9001 positions makes the filter
   gradient split over positions (workspace result)."""
-  ctx = cu.enable_x64() if dtype == "float64" else jax.default_device(jax.devices("gpu")[0])
-  with ctx:
+  with cu.gpu_context(dtype):
     x, w = _gpu_arrays(rng, (2, 9001, 2), (2047, 2, 3), dtype=dtype)
     conv = functools.partial(jaxconv.conv1d, padding="SAME", algorithm="long1d", precision="highest")
     y = jax.jit(conv)(x, w)
@@ -177,9 +173,8 @@ def test_long1d_does_not_touch_values_outside_each_window(rng):
   x = cu.randn(rng, (1, width, 1), np.float32)
   x[0, -1, 0] = np.inf
   w = cu.randn(rng, (taps, 1, 1), np.float32)
-  dev = jax.devices("gpu")[0]
   y = np.asarray(jax.jit(functools.partial(jaxconv.conv1d, algorithm="long1d", precision="highest"))(
-      jax.device_put(x, dev), jax.device_put(w, dev)))
+      cu.to_gpu(x), cu.to_gpu(w)))
   assert y.shape == (1, width - taps + 1, 1)
   assert np.all(np.isfinite(y[0, :-1, 0])), np.flatnonzero(~np.isfinite(y[0, :, 0]))
   assert not np.isfinite(y[0, -1, 0])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -58,22 +57,12 @@ def _params():
 
 
 def _kw(x_shape, window, stride, padding, dilation):
-  ns = len(window)
-  sp = "DHW"[3 - ns:]
   return dict(window_strides=stride, padding=padding, rhs_dilation=dilation,
-              dimension_numbers=("N" + sp + "C", sp + "IO", "N" + sp + "C"), feature_group_count=x_shape[-1])
+              dimension_numbers=cu.channels_last_dn(len(window)), feature_group_count=x_shape[-1])
 
 
 def _fn(ns):
   return {1: jaxconv.conv1d, 2: jaxconv.conv2d, 3: jaxconv.conv3d}[ns]
-
-
-def _ctx(dtype):
-  return cu.enable_x64() if dtype == "float64" else jax.default_device(jax.devices("gpu")[0])
-
-
-def _put(a):
-  return jax.device_put(a, jax.devices("gpu")[0])
 
 
 @pytest.mark.parametrize("name,dtype", _params())
@@ -84,11 +73,11 @@ def test_depthwise_fwd_dgrad_wgrad(name, dtype, rng):
   kw = _kw(*CASES[name])
   conv = functools.partial(_fn(ns), stride=stride, padding=list(padding), dilation=dilation, groups=c,
                            algorithm="depthwise", precision="highest")
-  with _ctx(dtype):
-    x = _put(cu.randn(rng, x_shape, dtype))
-    w = _put(cu.randn(rng, (*window, 1, c), dtype))
+  with cu.gpu_context(dtype):
+    x = cu.to_gpu(cu.randn(rng, x_shape, dtype))
+    w = cu.to_gpu(cu.randn(rng, (*window, 1, c), dtype))
     y = jax.jit(conv)(x, w)
-    ct = _put(cu.randn(rng, y.shape, dtype))
+    ct = cu.to_gpu(cu.randn(rng, y.shape, dtype))
     vjp = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))
     dx, dw = vjp(x, w, ct)
     dx2, dw2 = vjp(x, w, ct)
@@ -119,9 +108,9 @@ def test_depthwise_bias_activation(name, dtype, out_dtype, act, rng):
   c = x_shape[-1]
   ns = len(window)
   kw = _kw(*CASES[name])
-  x = _put(cu.randn(rng, x_shape, dtype))
-  w = _put(cu.randn(rng, (*window, 1, c), dtype))
-  b = _put(cu.randn(rng, (c,), out_dtype or dtype))
+  x = cu.to_gpu(cu.randn(rng, x_shape, dtype))
+  w = cu.to_gpu(cu.randn(rng, (*window, 1, c), dtype))
+  b = cu.to_gpu(cu.randn(rng, (c,), out_dtype or dtype))
   conv = functools.partial(_fn(ns), stride=stride, padding=list(padding), dilation=dilation, groups=c,
                            algorithm="depthwise", precision="highest", activation=act,
                            preferred_element_type=out_dtype)
@@ -137,9 +126,9 @@ def test_depthwise_wgrad_large_batch_splits(rng):
   c = x_shape[-1]
   conv = functools.partial(jaxconv.conv1d, stride=1, padding=[(3, 0)], groups=c, algorithm="depthwise",
                            precision="highest")
-  x = _put(cu.randn(rng, x_shape, "float32"))
-  w = _put(cu.randn(rng, (*window, 1, c), "float32"))
-  ct = _put(cu.randn(rng, x_shape, "float32"))
+  x = cu.to_gpu(cu.randn(rng, x_shape, "float32"))
+  w = cu.to_gpu(cu.randn(rng, (*window, 1, c), "float32"))
+  ct = cu.to_gpu(cu.randn(rng, x_shape, "float32"))
   dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
   kw = _kw(x_shape, window, (1,), ((3, 0),), (1,))
   rdx, rdw = cu.ref_conv_vjp(np.asarray(x), np.asarray(w), np.asarray(ct), **kw)
@@ -177,10 +166,10 @@ def test_depthwise_many_tiles_bf16(kind, rng):
     x_shape, window, pads, fn = (12, 2048, 256), (4,), ((3, 0),), jaxconv.conv1d
   c = x_shape[-1]
   conv = functools.partial(fn, stride=1, padding=list(pads), groups=c, algorithm="depthwise", precision="highest")
-  x = _put(cu.randn(rng, x_shape, "bfloat16"))
-  w = _put(cu.randn(rng, (*window, 1, c), "bfloat16"))
+  x = cu.to_gpu(cu.randn(rng, x_shape, "bfloat16"))
+  w = cu.to_gpu(cu.randn(rng, (*window, 1, c), "bfloat16"))
   y = jax.jit(conv)(x, w)
-  ct = _put(cu.randn(rng, y.shape, "bfloat16"))
+  ct = cu.to_gpu(cu.randn(rng, y.shape, "bfloat16"))
   dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
   x, w, ct, y, dx, dw = (np.asarray(a) for a in (x, w, ct, y, dx, dw))
   if len(window) == 1:  # as 2-D with H = 1
@@ -202,11 +191,11 @@ def test_depthwise_inf_reaches_only_its_windows(dtype, rng):
   x[1, -1, :] = np.inf
   w = cu.randn(rng, (taps, 1, c), dtype)
   conv = functools.partial(jaxconv.conv1d, padding="VALID", groups=c, algorithm="depthwise", precision="highest")
-  xg, wg = _put(x), _put(w)
+  xg, wg = cu.to_gpu(x), cu.to_gpu(w)
   y = np.asarray(jax.jit(conv)(xg, wg)).astype(np.float64)
   assert np.all(np.isfinite(y[0])) and np.all(np.isfinite(y[1, :-1])), "fwd: inf leaked"
   assert not np.any(np.isfinite(y[1, -1]))
-  ct = _put(cu.randn(rng, y.shape, dtype))
+  ct = cu.to_gpu(cu.randn(rng, y.shape, dtype))
   dw = np.asarray(jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct)[1])(xg, wg, ct)).astype(np.float64)
   # the last column pairs only with tap taps-1 (through the last output)
   assert np.all(np.isfinite(dw[:-1])), "wgrad: inf leaked into taps that never see it"

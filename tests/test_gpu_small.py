@@ -24,18 +24,9 @@ import jaxconv
 pytestmark = pytest.mark.gpu
 
 
-def _ctx(dtype):
-  return cu.enable_x64() if dtype == "float64" else jax.default_device(jax.devices("gpu")[0])
-
-
-def _put(a):
-  return jax.device_put(a, jax.devices("gpu")[0])
-
-
 def _lax_kw(ns, stride, padding, dilation):
-  sp = "DHW"[3 - ns:]
   return dict(window_strides=stride, padding=padding, rhs_dilation=dilation,
-              dimension_numbers=("N" + sp + "C", sp + "IO", "N" + sp + "C"))
+              dimension_numbers=cu.channels_last_dn(ns))
 
 
 # (x shape NHWC / NDHWC, window, padding, dilation, stride, k)
@@ -93,11 +84,11 @@ def _run_case(name, dtype, rng, grads=True):
   ns = len(shape) - 2
   fn = {2: jaxconv.conv2d, 3: jaxconv.conv3d}[ns]
   conv = functools.partial(fn, stride=stride, padding=padding, dilation=dil, algorithm="small", precision="highest")
-  with _ctx(dtype):
-    x = _put(cu.randn(rng, shape, dtype))
-    w = _put(cu.randn(rng, (*win, shape[-1], k), dtype))
+  with cu.gpu_context(dtype):
+    x = cu.to_gpu(cu.randn(rng, shape, dtype))
+    w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), dtype))
     y = jax.jit(conv)(x, w)
-    ct = _put(cu.randn(rng, y.shape, dtype))
+    ct = cu.to_gpu(cu.randn(rng, y.shape, dtype))
     if grads:
       dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
     x, w, ct, y = (np.asarray(a) for a in (x, w, ct, y))
@@ -132,9 +123,9 @@ def test_small_bias_activation(name, act, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   ns = len(shape) - 2
   fn = {2: jaxconv.conv2d, 3: jaxconv.conv3d}[ns]
-  x = _put(cu.randn(rng, shape, np.float32))
-  w = _put(cu.randn(rng, (*win, shape[-1], k), np.float32))
-  b = _put(cu.randn(rng, (k,), np.float32))
+  x = cu.to_gpu(cu.randn(rng, shape, np.float32))
+  w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), np.float32))
+  b = cu.to_gpu(cu.randn(rng, (k,), np.float32))
   y = jax.jit(functools.partial(fn, stride=stride, padding=padding, dilation=dil, activation=act,
                                 algorithm="small", precision="highest"))(x, w, b)
   ref = cu.activation_ref(
@@ -146,9 +137,9 @@ def test_small_bias_activation(name, act, rng):
 @pytest.mark.parametrize("name", ["1to1_dil2", "1to16_tutorial", "4to1_dil2"])
 def test_small_half_inputs_f32_output(name, dtype, rng):
   shape, win, padding, dil, stride, k = CASES[name]
-  x = _put(cu.randn(rng, shape, dtype))
-  w = _put(cu.randn(rng, (*win, shape[-1], k), dtype))
-  b = _put(cu.randn(rng, (k,), np.float32))
+  x = cu.to_gpu(cu.randn(rng, shape, dtype))
+  w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), dtype))
+  b = cu.to_gpu(cu.randn(rng, (k,), np.float32))
   y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, dilation=dil, algorithm="small",
                                 preferred_element_type=jnp.float32, activation="relu"))(x, w, b)
   assert y.dtype == jnp.float32
@@ -157,8 +148,8 @@ def test_small_half_inputs_f32_output(name, dtype, rng):
 
 
 def test_small_auto_matches_forced_and_is_deterministic(rng):
-  x = _put(cu.randn(rng, (2, 131, 257, 1), np.float32))
-  w = _put(cu.randn(rng, (3, 3, 1, 1), np.float32))
+  x = cu.to_gpu(cu.randn(rng, (2, 131, 257, 1), np.float32))
+  w = cu.to_gpu(cu.randn(rng, (3, 3, 1, 1), np.float32))
   f = functools.partial(jaxconv.conv2d, padding="SAME", dilation=2)
   forced = jax.jit(functools.partial(f, algorithm="small"))
   y1, y2 = np.asarray(forced(x, w)), np.asarray(forced(x, w))
