@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_run.sh                 # everything
 #   bash benchmarks/gpu_run.sh tests sanitize  # a subset of: build tests sanitize bench
 #
+# Wheels in .whl/ (carried: the nvidia-cutlass headers) are installed first.
 # Environment: JAXCONV_CUDA_ARCHS (default 90a), JAXCONV_FUZZ_CASES (default 300 per dtype),
 # BENCH_ARGS (extra arguments for python -m jaxconv.bench), PYTEST_FILES (default tests), PYTEST_WORKERS
 # (default 8), PYTEST_ARGS (extra pytest arguments), SANITIZE_CASES (name filter for sanitizer_cases.py).
@@ -32,8 +33,12 @@ cat "$OUT/env.txt"
 
 if [[ " $steps " == *" build "* ]]; then
   t0=$(date +%s)
+  # Build requirements the GPU machine's python may lack (it has no package index): wheels carried in .whl/.
+  for whl in .whl/*.whl; do
+    [ -e "$whl" ] && $PY -m pip install -q --no-deps --no-index "$whl" >> "$OUT/build.log" 2>&1
+  done
   if JAXCONV_CUDA=ON JAXCONV_CUDA_ARCHS=${JAXCONV_CUDA_ARCHS:-90a} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-      $PY -m pip install --no-build-isolation --no-deps -v -e . -C build-dir=build/gpu > "$OUT/build.log" 2>&1; then
+      $PY -m pip install --no-build-isolation --no-deps -v -e . -C build-dir=build/gpu >> "$OUT/build.log" 2>&1; then
     row build ok "$(( $(date +%s) - t0 )) s; $($PY -c 'import jaxconv; print(jaxconv.build_info())')"
   else
     row build FAILED "see build.log"; tail -40 "$OUT/build.log"; steps=""

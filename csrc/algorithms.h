@@ -53,9 +53,38 @@ inline bool SmallChannelApplies(const ConvParams& p) {
   return SpatialCount(p.in) * p.c[0] < kLim && SpatialCount(p.out) * p.k[0] < kLim;
 }
 
+// The element types of a call, as far as the predicates care: operand and result sizes in bytes (8 = f64,
+// 4 = f32, 2 = bf16/f16).
+struct ElemBytes {
+  int in = 4;
+  int out = 4;
+};
+
+// Tensor cores (implicit GEMM, igemm.h): channels-last, groups == batch_groups == 1, no lhs dilation, padding
+// >= 0, 16-bit or f32 operands with the result in the operand type, channel counts that keep every channel
+// row 16-byte aligned (multiples of 8 for 16-bit, 4 for f32), 32-bit GEMM extents. Conditions of single kernels
+// (the Hopper kernels' unit-stride data gradient, say) are checked again when the op runs; what no tensor-core
+// kernel takes then runs on the direct kernels.
+inline bool ImplicitGemmApplies(const ConvParams& p, ElemBytes eb) {
+  if (p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
+  if ((eb.in != 2 && eb.in != 4) || eb.out != eb.in) return false;
+  const int64_t align = 16 / eb.in;
+  if (p.c[0] < align || p.k[0] < align || p.c[0] % align != 0 || p.k[0] % align != 0) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (p.lhs_dil[d] != 1 || p.pad_lo[d] < 0 || p.pad_hi[d] < 0) return false;
+    if (p.in[d] < 1 || p.win[d] < 1 || p.out[d] < 1) return false;
+  }
+  if (p.n[0] < 1) return false;
+  const int64_t kMax = (int64_t(1) << 31) - 1;
+  const int64_t m_fwd = p.n[0] * SpatialCount(p.out), m_dgrad = p.n[0] * SpatialCount(p.in);
+  const int64_t k_fwd = SpatialCount(p.win) * p.c[0], k_dgrad = SpatialCount(p.win) * p.k[0];
+  return m_fwd <= kMax && m_dgrad <= kMax && k_fwd <= kMax && k_dgrad <= kMax &&
+         XElements(p) <= kMax && YElements(p) <= kMax;
+}
+
 // The algorithm to run for p.algorithm (kAlgoAuto picks by the predicates), or -1 with *why saying which
 // conditions a forced algorithm misses.
-inline int64_t ResolveAlgorithm(const ConvParams& p, std::string* why) {
+inline int64_t ResolveAlgorithm(const ConvParams& p, ElemBytes eb, std::string* why) {
   switch (p.algorithm[0]) {
     case kAlgoAuto:
       // Long 1-D windows keep the tiled long1d kernel; small channel counts (including c == k == 1, which
@@ -63,6 +92,7 @@ inline int64_t ResolveAlgorithm(const ConvParams& p, std::string* why) {
       if (Long1DApplies(p) && p.win[2] >= 64) return kAlgoLong1D;
       if (SmallChannelApplies(p)) return kAlgoSmallChannel;
       if (DepthwiseApplies(p)) return kAlgoDepthwise;
+      if (ImplicitGemmApplies(p, eb)) return kAlgoImplicitGemm;
       return kAlgoDirect;
     case kAlgoDirect: return kAlgoDirect;
     case kAlgoDepthwise:
@@ -78,6 +108,14 @@ inline int64_t ResolveAlgorithm(const ConvParams& p, std::string* why) {
       if (SmallChannelApplies(p)) return kAlgoSmallChannel;
       *why = "algorithm=small requires channels-last layout, groups == batch_groups == 1, 1 <= c <= 16, "
              "1 <= k <= 64 and window taps * c * k <= 12288";
+      return -1;
+    case kAlgoImplicitGemm:
+    case kAlgoImplicitGemmSm80:
+      if (ImplicitGemmApplies(p, eb)) return p.algorithm[0];
+      *why = std::string("algorithm=") + (p.algorithm[0] == kAlgoImplicitGemm ? "implicit_gemm" : "implicit_gemm_sm80") +
+             " requires channels-last layout, groups == batch_groups == 1, no lhs "
+             "dilation, padding >= 0, bfloat16/float16/float32 operands with the result in that dtype, and c and "
+             "k multiples of 8 (16-bit) or 4 (float32)";
       return -1;
     default:
       *why = "unknown algorithm " + std::to_string(p.algorithm[0]);

@@ -62,6 +62,9 @@ enum Algorithm : int64_t {
   kAlgoDepthwise = 2,   // groups == c == k (multiplier 1)
   kAlgoLong1D = 3,      // one spatial dim, long window, few channels
   kAlgoSmallChannel = 4,  // channels-last, groups == batch_groups == 1, c <= 16, k <= 64 (small_channel.cu)
+  kAlgoImplicitGemm = 5,  // tensor cores (CUTLASS): channels-last, groups == 1, aligned channel counts (igemm.h)
+  kAlgoImplicitGemmSm80 = 6,  // the same with the mma.sync (sm_80) kernels only, also on Hopper
+  kAlgoLast = kAlgoImplicitGemmSm80,
 };
 
 struct ConvParams {
@@ -126,7 +129,7 @@ inline std::string DecodeParams(const int64_t* values, int64_t size, ConvParams*
   if (p->precision[0] < kPrecisionDefault || p->precision[0] > kPrecisionHighest) return bad("precision", p->precision[0]);
   if (p->activation[0] < kActNone || p->activation[0] > kActSilu) return bad("activation", p->activation[0]);
   if (p->has_bias[0] != 0 && p->has_bias[0] != 1) return bad("has_bias", p->has_bias[0]);
-  if (p->algorithm[0] < kAlgoAuto || p->algorithm[0] > kAlgoSmallChannel) return bad("algorithm", p->algorithm[0]);
+  if (p->algorithm[0] < kAlgoAuto || p->algorithm[0] > kAlgoLast) return bad("algorithm", p->algorithm[0]);
   if (p->poison[0] != 0 && p->poison[0] != 1) return bad("poison", p->poison[0]);
   return {};
 }

@@ -1,6 +1,7 @@
 """jaxconv: convolutions for JAX on the project's own CPU and CUDA kernels, as XLA FFI custom calls."""
 
-from jaxconv import _native
+from jaxconv import _native, algorithms
+from jaxconv.algorithms import AutotuneResult, autotune, autotune_mode, set_autotune
 from jaxconv.api import (conv1d, conv2d, conv3d, conv_general_dilated, debug_poison,
                          set_debug_poison)
 from jaxconv.primitives import conv_dgrad_p, conv_fwd_p, conv_wgrad_p
@@ -26,6 +27,7 @@ def cuda_available() -> bool:
 
 
 __all__ = [
-    "ConvSpec", "build_info", "conv1d", "conv2d", "conv3d", "conv_dgrad_p", "conv_fwd_p",
-    "conv_general_dilated", "conv_wgrad_p", "cuda_available", "debug_poison", "set_debug_poison",
+    "AutotuneResult", "ConvSpec", "algorithms", "autotune", "autotune_mode", "build_info", "conv1d", "conv2d",
+    "conv3d", "conv_dgrad_p", "conv_fwd_p", "conv_general_dilated", "conv_wgrad_p", "cuda_available",
+    "debug_poison", "set_autotune", "set_debug_poison",
 ]

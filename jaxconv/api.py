@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxconv import _native, primitives
+from jaxconv import _native, algorithms, primitives
 from jaxconv.spec import ACTIVATIONS, ALGORITHMS, CHANNELS_FIRST, CHANNELS_LAST, ConvSpec
 
 _SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.bfloat16, jnp.float16))
@@ -226,9 +226,13 @@ def _conv(lhs, rhs, bias, *, window_strides, padding, lhs_dilation, rhs_dilation
   if algorithm != "auto":
     # The GPU kernel families' own predicates (the CPU runs every problem with its one kernel set, but a
     # program should fail the same way on both platforms).
-    why = _native.algorithm_error(spec.ffi_params(n, c, k))
+    why = _native.algorithm_error(spec.ffi_params(n, c, k), compute_dt, kernel_out_dt)
     if why:
       raise ValueError(f"{fn}: algorithm={algorithm!r} cannot run this convolution: {why}")
+  else:
+    # Autotuning mode 'on': on a cache miss, time this convolution's three ops on the GPU now, while tracing,
+    # so that the lowering (which picks per op from the cache) finds the choices. A no-op in the other modes.
+    algorithms.tune_on_trace(spec, x, w, kernel_out_dt)
   y = primitives.conv_fwd(x, w, bias, spec, kernel_out_dt)
   # Output axis a holds logical dim argsort(out_spec)[a]; find where the native result keeps it.
   logical_of_axis = np.argsort(out_spec)

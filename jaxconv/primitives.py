@@ -31,7 +31,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jaxconv import _native, sharding
+from jaxconv import _native, algorithms, sharding
 from jaxconv.spec import ConvSpec
 
 conv_fwd_p = Primitive("jaxconv_fwd")
@@ -200,19 +200,25 @@ def _nck(prim, spec: ConvSpec, avals):
   return a[nb_ax], a[f_ax], b[f_ax]
 
 
+_OP_NAMES = {conv_fwd_p: "fwd", conv_dgrad_p: "dgrad", conv_wgrad_p: "wgrad"}
+
+
 def _make_lowering(prim, platform):
   def lowering(ctx, *args, spec, out_dtype):
     n, c, k = _nck(prim, spec, ctx.avals_in)
-    params = spec.ffi_params(n, c, k)
+    # The spec's params, with the cached per-op choice in place of "auto" when autotuning is on (algorithms.py).
+    params = algorithms.lowering_params(_OP_NAMES[prim], spec, (n, c, k), ctx.avals_in[0].dtype, out_dtype,
+                                        platform)
     if prim is conv_fwd_p and not spec.has_bias:
       # The fwd handler always takes a bias operand; an empty one means "no bias".
       empty = np.zeros((0,), np.dtype(out_dtype))
       args = (*args, mlir.ir_constant(empty))
       ctx = ctx.replace(avals_in=(*ctx.avals_in, ShapedArray(empty.shape, empty.dtype)))
-    if prim is conv_wgrad_p and platform == "cuda":
-      # The CUDA filter gradient's split-K partial sums live in a second, u8 result that XLA allocates (XLA's
-      # FFI scratch allocator gave no memory on jaxlib 0.11); its size depends on the problem alone.
-      nbytes = _native.workspace_bytes("wgrad", params, ctx.avals_in[0].dtype)
+    if platform == "cuda":
+      # The CUDA kernels' workspace (split-K partial sums, the tensor-core path's layout conversions) is a
+      # second, u8 result that XLA allocates (XLA's FFI scratch allocator gave no memory on jaxlib 0.11); its
+      # size depends on the problem alone.
+      nbytes = _native.workspace_bytes(_OP_NAMES[prim], params, ctx.avals_in[0].dtype, ctx.avals_out[0].dtype)
       ws = ShapedArray((nbytes,), np.uint8)
       out = jax.ffi.ffi_lowering(prim.name)(ctx.replace(avals_out=(*ctx.avals_out, ws)), *args, params=params)
       return out[:1]

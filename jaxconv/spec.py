@@ -24,7 +24,7 @@ LAYOUTS = (CHANNELS_LAST, CHANNELS_FIRST)
 PRECISIONS = ("default", "high", "highest")
 ACTIVATIONS = (None, "relu", "gelu", "silu")
 # Algorithm names map onto the native Algorithm enum (csrc/conv_params.h).
-ALGORITHMS = ("auto", "direct", "depthwise", "long1d", "small")
+ALGORITHMS = ("auto", "direct", "depthwise", "long1d", "small", "implicit_gemm", "implicit_gemm_sm80")
 
 _LAYOUT_CODE = {CHANNELS_LAST: 0, CHANNELS_FIRST: 1}
 _ACT_CODE = {None: 0, "relu": 1, "gelu": 2, "silu": 3}

@@ -132,3 +132,26 @@ def test_cuda_lowering_gives_the_filter_gradient_a_workspace_result():
   assert len(cuda_result) == 1 and "tensor<3x3x1x1xbf16>" in cuda_result[0], results
   nbytes = int(cuda_result[0].split("tensor<")[2].split("xui8")[0])
   assert nbytes > 0 and nbytes % (9 * 4) == 0, nbytes  # splits x 9 filter taps x f32 partial sums
+
+
+@pytest.mark.skipif(not jaxconv.build_info()["cuda"], reason="jaxconv was built without CUDA")
+def test_cuda_lowering_gives_the_tensor_core_path_its_staging_workspace():
+  """On the tensor-core path every op has a workspace result: fwd and dgrad stage the filter as KTRSC (at
+  least its bytes), wgrad an f32 KTRSC gradient; the bytes come from the extension, lowered here without a GPU."""
+  x = jax.ShapeDtypeStruct((2, 14, 14, 64), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((3, 3, 64, 32), jnp.bfloat16)
+
+  def loss(x, w):
+    return jnp.sum(jaxconv.conv2d(x, w, padding="SAME", algorithm="implicit_gemm").astype(jnp.float32))
+
+  exp = export.export(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), platforms=["cuda"],
+                      disabled_checks=CHECKS)(x, w)
+  text = exp.mlir_module()
+  for target, least in (("jaxconv_fwd", 9 * 64 * 32 * 2), ("jaxconv_dgrad", 9 * 64 * 32 * 2),
+                        ("jaxconv_wgrad", 9 * 64 * 32 * 4)):
+    lines = [ln for ln in text.splitlines() if f"stablehlo.custom_call @{target}" in ln]
+    assert len(lines) == 1, (target, lines)
+    result = lines[0].rsplit("->", 1)[1]
+    assert "xui8>" in result, (target, result)
+    nbytes = int(result.split("xui8>")[0].rsplit("tensor<", 1)[1])
+    assert nbytes >= least, (target, nbytes, least)

@@ -5,14 +5,18 @@
 namespace jaxconv {
 namespace cuda {
 
-Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo) {
+int DtBytes(DT t) { return t == DT::kF64 ? 8 : t == DT::kF32 ? 4 : 2; }
+
+Status ChooseAlgorithm(const ConvParams& p, CudaOp op, DT in, DT out, int64_t* algo) {
   Status st;
-  *algo = ResolveAlgorithm(p, &st.msg);  // algorithms.h: the predicates, shared with the Python layer
+  // algorithms.h: the predicates, shared with the Python layer
+  *algo = ResolveAlgorithm(p, ElemBytes{DtBytes(in), DtBytes(out)}, &st.msg);
   if (*algo < 0) st.code = 1;
   return st;
 }
 
 size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+  if (algo == kAlgoImplicitGemm || algo == kAlgoImplicitGemmSm80) return ImplicitGemmWorkspaceBytes(p, op, in, algo);
   if (op != CudaOp::kWgrad) return 0;
   if (algo == kAlgoSmallChannel) {  // always scratch (one partial vector per chunk), even for one chunk
     return static_cast<size_t>(SmallChannelWgradChunks(p, in)) * static_cast<size_t>(WElements(p)) * AccBytes(in);
@@ -27,9 +31,9 @@ size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   return static_cast<size_t>(splits) * static_cast<size_t>(WElements(p)) * AccBytes(in);
 }
 
-size_t WorkspaceBytes(const ConvParams& p, CudaOp op, DT in) {
+size_t WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out) {
   int64_t algo = 0;
-  if (!ChooseAlgorithm(p, op, &algo).ok()) return 0;
+  if (!ChooseAlgorithm(p, op, in, out, &algo).ok()) return 0;
   return ScratchBytes(p, op, in, algo);
 }
 
@@ -37,6 +41,14 @@ Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, cons
                const void* bias, void* out_buf, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   Status st;
   cudaError_t e = cudaSuccess;
+  if (algo == kAlgoImplicitGemm || algo == kAlgoImplicitGemmSm80) {
+    e = ImplicitGemmRun(p, op, in, out, algo, a, b, bias, out_buf, scratch, scratch_bytes, stream);
+    if (e != cudaSuccess) {
+      st.code = 2;
+      st.msg = std::string("CUDA error: ") + cudaGetErrorString(e);
+    }
+    return st;
+  }
   switch (op) {
     case CudaOp::kFwd:
       e = algo == kAlgoSmallChannel ? SmallChannelFwd(p, in, out, a, b, bias, out_buf, stream)

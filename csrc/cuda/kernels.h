@@ -24,13 +24,14 @@ struct Status {
 };
 
 // ---- dispatch.cu: the one place that picks the algorithm ----
-// Resolves params.algorithm (0 = auto) for `op`; an explicit algorithm whose predicate fails gives code 1.
-Status ChooseAlgorithm(const ConvParams& p, CudaOp op, int64_t* algo);
+// Resolves params.algorithm (0 = auto) for `op` with operand dtype `in` and result dtype `out`; an explicit
+// algorithm whose predicate fails gives code 1.
+Status ChooseAlgorithm(const ConvParams& p, CudaOp op, DT in, DT out, int64_t* algo);
 // Workspace bytes the chosen algorithm needs (0: none); a function of the problem alone (see kPlanSms), so the
 // Python lowering asks for the same number (workspace_bytes in the extension) and XLA allocates it as a result.
 size_t ScratchBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo);
 // ChooseAlgorithm + ScratchBytes; 0 when the algorithm choice fails (the handler reports that error).
-size_t WorkspaceBytes(const ConvParams& p, CudaOp op, DT in);
+size_t WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out);
 // Enqueues the op. a, b: operands in the op's order (fwd x, w; dgrad dy, w; wgrad x, dy); bias fwd only.
 // A workspace shorter than ScratchBytes makes the filter gradient run unsplit (correct, less parallel).
 Status RunConv(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
@@ -75,6 +76,15 @@ cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy
 int64_t SmallChannelWgradChunks(const ConvParams& p, DT in);
 cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
                               void* scratch, size_t scratch_bytes, cudaStream_t s);
+
+// ---- implicit_gemm.cu: tensor cores through CUTLASS (igemm.h), ImplicitGemmApplies in algorithms.h ----
+// algo: kAlgoImplicitGemm (the Hopper kernels where they apply, else mma.sync) or kAlgoImplicitGemmSm80.
+size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo);
+// With a workspace shorter than ImplicitGemmWorkspaceBytes, or for a problem no tensor-core kernel takes, the
+// op runs on the direct kernels.
+cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a,
+                            const void* b, const void* bias, void* out_buf, void* workspace,
+                            size_t workspace_bytes, cudaStream_t s);
 
 // ---- shared: out[e] = sum_{s < splits} scratch[s * count + e] in fixed order (direct.cu) ----
 cudaError_t ReduceSplits(DT in, DT out, const void* scratch, int64_t splits, int64_t count, void* dst,

@@ -45,8 +45,8 @@ ffi::Error ToFfi(const Op op, const cuda::Status& st) {
   return st.code == 1 ? ffi::Error::InvalidArgument(msg) : ffi::Error::Internal(msg);
 }
 
-// Shared body. `workspace` is wgrad's second result (split-K partial sums), sized by the lowering with the
-// extension's workspace_bytes (the same WorkspaceBytes as here); null for fwd and dgrad.
+// Shared body. `workspace` is every op's second result (split-K partial sums, the tensor-core path's layout
+// conversions), sized by the lowering with the extension's workspace_bytes (the same WorkspaceBytes as here).
 ffi::Error Run(Op op, cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
                const ffi::AnyBuffer* bias, ffi::AnyBuffer out, ffi::AnyBuffer* workspace,
                ffi::Span<const int64_t> params) {
@@ -55,7 +55,7 @@ ffi::Error Run(Op op, cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::A
   const CudaOp cop = op == Op::kFwd ? CudaOp::kFwd : op == Op::kDgrad ? CudaOp::kDgrad : CudaOp::kWgrad;
   const DT in = ToDT(a.element_type()), odt = ToDT(out.element_type());
   int64_t algo = 0;
-  if (auto st = cuda::ChooseAlgorithm(p, cop, &algo); !st.ok()) return ToFfi(op, st);
+  if (auto st = cuda::ChooseAlgorithm(p, cop, in, odt, &algo); !st.ok()) return ToFfi(op, st);
 
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
@@ -63,8 +63,8 @@ ffi::Error Run(Op op, cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::A
     if (workspace->element_type() != ffi::DataType::U8 || workspace->dimensions().size() != 1) {
       return ffi::Error::InvalidArgument(std::string(OpName(op)) + ": workspace must be a 1-D u8 buffer");
     }
-    // A workspace shorter than the plan (say, from a program exported by another jaxconv version) runs the
-    // filter gradient unsplit: correct, only slower.
+    // A workspace shorter than the plan (say, from a program exported by another jaxconv version) makes
+    // RunConv take a path that needs less (the unsplit filter gradient, the direct kernels): correct, slower.
     if (workspace->size_bytes() >= cuda::ScratchBytes(p, cop, in, algo)) {
       scratch = workspace->untyped_data();
       scratch_bytes = workspace->size_bytes();
@@ -83,13 +83,14 @@ ffi::Error Run(Op op, cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::A
 }
 
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
-                   ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> params) {
-  return Run(Op::kFwd, stream, x, w, &bias, *y, nullptr, params);
+                   ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> workspace,
+                   ffi::Span<const int64_t> params) {
+  return Run(Op::kFwd, stream, x, w, &bias, *y, &(*workspace), params);
 }
 
 ffi::Error DgradImpl(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> dx,
-                     ffi::Span<const int64_t> params) {
-  return Run(Op::kDgrad, stream, dy, w, nullptr, *dx, nullptr, params);
+                     ffi::Result<ffi::AnyBuffer> workspace, ffi::Span<const int64_t> params) {
+  return Run(Op::kDgrad, stream, dy, w, nullptr, *dx, &(*workspace), params);
 }
 
 ffi::Error WgradImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dw,
@@ -107,6 +108,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxconvFwdCuda, jaxconv::FwdImpl,
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (u8), see Run
                                   .Attr<xla::ffi::Span<const int64_t>>("params"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
@@ -116,6 +118,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxconvDgradCuda, jaxconv::DgradImpl,
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (u8), see Run
                                   .Attr<xla::ffi::Span<const int64_t>>("params"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 

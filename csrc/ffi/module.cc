@@ -35,6 +35,14 @@ namespace py = pybind11;
 
 namespace {
 
+// Bytes of an element of a dtype name (the predicates' ElemBytes); unknown names throw.
+int DtypeBytes(const std::string& d) {
+  if (d == "float64") return 8;
+  if (d == "float32") return 4;
+  if (d == "bfloat16" || d == "float16") return 2;
+  throw py::value_error("jaxconv: unsupported dtype " + d);
+}
+
 template <typename T>
 py::capsule Capsule(T* fn) {
   return py::capsule(reinterpret_cast<void*>(fn));
@@ -78,19 +86,22 @@ PYBIND11_MODULE(_jaxconv_native, m) {
 
   m.def(
       "algorithm_error",
-      [](const std::vector<int64_t>& params) -> std::string {
+      [](const std::vector<int64_t>& params, const std::string& dtype, const std::string& out_dtype) -> std::string {
         jaxconv::ConvParams p;
         const std::string err = jaxconv::DecodeParams(params.data(), static_cast<int64_t>(params.size()), &p);
         if (!err.empty()) throw py::value_error("algorithm_error: " + err);
         std::string why;
-        return jaxconv::ResolveAlgorithm(p, &why) < 0 ? why : std::string();
+        const jaxconv::ElemBytes eb{DtypeBytes(dtype), DtypeBytes(out_dtype)};
+        return jaxconv::ResolveAlgorithm(p, eb, &why) < 0 ? why : std::string();
       },
-      py::arg("params"),
-      "Why the packed params' forced algorithm cannot run the problem on the GPU ('' when it can, or for auto).");
+      py::arg("params"), py::arg("dtype"), py::arg("out_dtype"),
+      "Why the packed params' forced algorithm cannot run the problem on the GPU with these operand and result "
+      "dtype names ('' when it can, or for auto).");
 
   m.def(
       "workspace_bytes",
-      [](const std::string& op, const std::vector<int64_t>& params, const std::string& dtype) -> int64_t {
+      [](const std::string& op, const std::vector<int64_t>& params, const std::string& dtype,
+         const std::string& out_dtype) -> int64_t {
         jaxconv::ConvParams p;
         const std::string err = jaxconv::DecodeParams(params.data(), static_cast<int64_t>(params.size()), &p);
         if (!err.empty()) throw py::value_error("workspace_bytes: " + err);
@@ -99,16 +110,17 @@ PYBIND11_MODULE(_jaxconv_native, m) {
         using jaxconv::cuda::CudaOp;
         using jaxconv::cuda::DT;
         const CudaOp cop = op == "fwd" ? CudaOp::kFwd : op == "dgrad" ? CudaOp::kDgrad : CudaOp::kWgrad;
-        const DT in = dtype == "float64" ? DT::kF64 : dtype == "bfloat16" ? DT::kBF16 : dtype == "float16" ? DT::kF16
-                                                                                                         : DT::kF32;
-        return static_cast<int64_t>(jaxconv::cuda::WorkspaceBytes(p, cop, in));
+        auto to_dt = [](const std::string& d) {
+          return d == "float64" ? DT::kF64 : d == "bfloat16" ? DT::kBF16 : d == "float16" ? DT::kF16 : DT::kF32;
+        };
+        return static_cast<int64_t>(jaxconv::cuda::WorkspaceBytes(p, cop, to_dt(dtype), to_dt(out_dtype)));
 #else
         return 0;
 #endif
       },
-      py::arg("op"), py::arg("params"), py::arg("dtype"),
+      py::arg("op"), py::arg("params"), py::arg("dtype"), py::arg("out_dtype"),
       "Bytes of device workspace the CUDA kernels of `op` ('fwd', 'dgrad', 'wgrad') need for the packed "
-      "params and the operands' dtype name; 0 without CUDA.");
+      "params and the operand and result dtype names; 0 without CUDA.");
 
   m.def(
       "build_info",

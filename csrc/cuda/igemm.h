@@ -1,0 +1,79 @@
+// Implicit-GEMM convolutions on tensor cores (CUTLASS), the "implicit_gemm" algorithm family.
+//
+// The kernels see canonical, dense, channels-innermost tensors only (implicit_gemm.cu converts jaxconv's
+// layouts into these, in the op's workspace):
+//   x  (N, D, H, W, C)    activations          y  (N, Z, P, Q, K)   output of fprop / input of dgrad
+//   w  (K, T, R, S, C)    filter ("KTRSC")
+// 1-D and 2-D problems have D = T = Z = 1 (and H = R = P = 1 for 1-D): every kernel is a 3-D convolution.
+// Relation (cross-correlation, as lax):  y[n,z,p,q,k] = sum_{t,r,s,c} x[n, d, h, w, c] * w[k, t, r, s, c] with
+//   d = z*stride[0] - pad_lo[0] + t*dil[0]   (likewise h, w), out-of-range positions read as zero.
+//
+// Two implementations share this interface:
+//   igemm_sm90.cu  Hopper: TMA im2col loads, wgmma, warp-specialised (CUTLASS 3.x conv collectives).
+//   igemm_sm80.cu  Ampere mma.sync (CUTLASS 2.x implicit GEMM): the fallback on every sm_80+ GPU, strided
+//                  data gradients, and 3xTF32 for float32 HIGHEST.
+// implicit_gemm.cu picks one per call (device arch + the Supports predicates below).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/kernels.h"
+
+namespace jaxconv {
+namespace cuda {
+
+struct IgemmProblem {
+  int64_t n, c, k;        // batch, input channels, output channels
+  int64_t in[3];          // D, H, W
+  int64_t win[3];         // T, R, S
+  int64_t out[3];         // Z, P, Q (consistent with in/win/pads/stride/dil, as lax computes it)
+  int64_t pad_lo[3], pad_hi[3];  // >= 0
+  int64_t stride[3], dil[3];     // >= 1
+};
+
+// The arithmetic of the tensor-core path. Operands are bf16 (kBF16), f16 (kF16) or f32 (kTF32, k3xTF32);
+// accumulation is f32 always. k3xTF32 splits each f32 operand into big + small TF32 parts and sums three
+// products (about FP32 accuracy): float32 at HIGH/HIGHEST precision.
+enum class IgemmMath { kBF16, kF16, kTF32, k3xTF32 };
+
+// Output element type: the operand type (bf16, f16 or f32), or f32 (kF32) for 16-bit operands.
+enum class IgemmOut { kSame, kF32 };
+
+// Arguments of one call. a, b: fprop x, w; dgrad dy, w; wgrad x, dy. out: fprop y, dgrad dx, wgrad dw.
+// wgrad's dw is always f32 (`out_type` is ignored for wgrad), in KTRSC, written densely.
+// bias (fprop only, may be null): k elements of the output type; act: jaxconv's Activation (conv_params.h);
+// fprop computes y = act(acc + bias). dgrad and wgrad ignore bias and act.
+// workspace: at least WorkspaceBytes of the implementation, 256-byte aligned, contents undefined on entry.
+struct IgemmArgs {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* bias = nullptr;
+  int64_t act = 0;
+  IgemmOut out_type = IgemmOut::kSame;
+  void* out = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Each implementation provides, for op in {kFwd, kDgrad, kWgrad}:
+//   Supports: whether it runs this problem (pure host code: no CUDA calls, no device queries).
+//   WorkspaceBytes: bytes it needs; a function of (problem, op, math) alone (plans that depend on the number
+//     of multiprocessors use kPlanSms), because XLA allocates it at compile time.
+//   Run: enqueues the op on `stream` (no allocation, no synchronisation), returns the first CUDA error;
+//     cudaErrorNotSupported when the problem is not supported, cudaErrorInvalidValue on a short workspace.
+// The sm90 functions report Supports == false when the build has no sm_90a code.
+bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math);
+size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math);
+cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,
+                         cudaStream_t stream);
+
+bool IgemmSm80Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math);
+size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math);
+cudaError_t IgemmSm80Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,
+                         cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace jaxconv

@@ -1,0 +1,807 @@
+// Hopper implicit-GEMM convolutions (igemm.h): CUTLASS 3.x conv collectives (TMA im2col loads, wgmma,
+// warp-specialised producer/consumer kernel), sm_90a only.
+//
+// Instantiations (one per op x math; f32 accumulation everywhere), all rank-3 (ConvProblemShape<op, 3>):
+//   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32), out = operand type, fused y = act(acc + bias[k])
+//   dgrad  bf16, f16         tile 128x128x64, out = operand type, unit stride only (the sm90 collective has no
+//                            strided dgrad), no bias/act
+//   wgrad  bf16, f16         tile 128x64x64 (M = K, N = C of one filter tap, K = N*Z*P*Q), f32 out, deterministic
+//                            split-K over N*Z*P*Q: partial sums in the workspace, reduced in a fixed order
+// tf32 dgrad/wgrad do not exist: wgmma reads tf32 operands K-major only, and those ops need an MN-major operand.
+// CUTLASS's sm90 conv kernel is non-persistent and takes no tile scheduler (no stream-K, no persistent schedules),
+// so this file runs two variants of its body with the unchanged CUTLASS collectives: fprop/dgrad persistent
+// (PersistentConvKernel: the next tile's loads overlap the epilogue), wgrad with a k-tile range per blockIdx.z
+// (WgradSplitKernel). Cluster 1x1x1 throughout.
+//
+// Built only when the build's arch list has 90a (CMake defines JAXCONV_IGEMM_SM90=1 for that target); otherwise
+// every entry point reports "not supported".
+#include "cuda/igemm.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+#if defined(JAXCONV_IGEMM_SM90) && JAXCONV_IGEMM_SM90
+#define JAXCONV_SM90_KERNELS 1
+// Order matters: the conv collectives use KernelHardwareInfo without including it.
+#include "cutlass/cutlass.h"
+#include "cutlass/kernel_hardware_info.hpp"
+#include "cutlass/numeric_types.h"
+#include "cute/tensor.hpp"
+#include "cutlass/conv/convnd_problem_shape.hpp"
+#include "cutlass/conv/dispatch_policy.hpp"
+#include "cutlass/conv/kernel/conv_universal.hpp"
+#include "cutlass/conv/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/device_kernel.h"
+#else
+#define JAXCONV_SM90_KERNELS 0
+#endif
+
+namespace jaxconv {
+namespace cuda {
+
+#if JAXCONV_SM90_KERNELS
+namespace {
+
+using namespace cute;
+using cutlass::conv::Operator;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tile constants shared by the host-side plan (split-K, grid checks) and the kernel types.
+constexpr int kFwdTileM = 128, kFwdTileN = 128;  // fprop/dgrad: M = output pixels, N = output channels
+constexpr int kWgTileM = 128, kWgTileN = 64, kWgTileK = 64;  // wgrad: M = K, N = C (one tap), K = pixels
+constexpr int64_t kMaxSplits = 256;
+constexpr int64_t kMaxSplitWorkspace = int64_t(256) << 20;  // bytes of wgrad partial sums at most
+constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kPersistentWaves = 4;  // fprop/dgrad blocks = min(tiles, 4 * kPlanSms)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Runtime-selected activation for the fused fprop epilogue (one kernel for all four: an EVT compute node whose
+// functor has `Arguments` receives them at run time). Same formulas as the other kernel families (common.cuh).
+struct ActArgs {
+  int act = kActNone;
+};
+
+template <class T>
+struct RuntimeAct;
+
+template <>
+struct RuntimeAct<float> {
+  using Arguments = ActArgs;
+  CUTLASS_DEVICE float operator()(float v, Arguments const& a) const { return Activate(v, a.act); }
+};
+
+template <int N>
+struct RuntimeAct<cutlass::Array<float, N>> {
+  using Arguments = ActArgs;
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v, Arguments const& a) const {
+    if (a.act == kActNone) return v;  // uniform branch: no per-element switch in the common case
+    cutlass::Array<float, N> r;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) r[i] = Activate(v[i], a.act);
+    return r;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Kernel types.
+using Cluster1 = Shape<_1, _1, _1>;  // no multicast: the filter operand is small and L2-resident
+
+template <class T>
+constexpr int Align16B() {
+  return 128 / cutlass::sizeof_bits<T>::value;
+}
+
+template <class T>
+struct FpropCfg {
+  static constexpr Operator kOp = Operator::kFprop;
+  using Element = T;
+  using TileK = cute::conditional_t<cute::is_same_v<T, float>, _32, _64>;  // 128-byte rows
+  using TileShape = Shape<Int<kFwdTileM>, Int<kFwdTileN>, Shape<TileK>>;
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::TensorNDHWC,
+      Align16B<T>(), T, cutlass::layout::TensorNDHWC, Align16B<T>(), cutlass::epilogue::TmaWarpSpecialized,
+      Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, T, cutlass::layout::TensorNDHWC, Align16B<T>(), T,
+      cutlass::layout::TensorNDHWC, Align16B<T>(), float, TileShape, Cluster1,
+      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+  using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
+};
+
+template <class T>
+struct DgradCfg {
+  static constexpr Operator kOp = Operator::kDgrad;
+  using Element = T;
+  using TileShape = Shape<Int<kFwdTileM>, Int<kFwdTileN>, Shape<_64>>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::TensorNDHWC,
+      Align16B<T>(), T, cutlass::layout::TensorNDHWC, Align16B<T>(),
+      cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+  using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, T, cutlass::layout::TensorNDHWC, Align16B<T>(), T,
+      cutlass::layout::TensorNDHWC, Align16B<T>(), float, TileShape, Cluster1,
+      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+  using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
+};
+
+// dw (K, (C,S,R,T)) with a batch (L) stride: the L index is the split, so each split writes its own f32 slice.
+using WgradStrideD = cute::Stride<int64_t, cute::Stride<_1, int64_t, int64_t, int64_t>, int64_t>;
+
+template <class T>
+struct WgradCfg {
+  static constexpr Operator kOp = Operator::kWgrad;
+  using Element = T;
+  using TileShape = Shape<Int<kWgTileM>, Shape<Int<kWgTileN>>, Shape<Int<kWgTileK>>>;
+  // Register-direct epilogue (as CUTLASS's own wgrad kernels): the output is small next to the reduction.
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, WgradStrideD, 4, float, WgradStrideD, 4,
+      cutlass::epilogue::NoSmemWarpSpecialized>::CollectiveOp;
+  using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, T, cutlass::layout::TensorNDHWC, Align16B<T>(), T,
+      cutlass::layout::TensorNDHWC, Align16B<T>(), float, TileShape, Cluster1,
+      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+  using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Split-K wgrad: the body of CUTLASS's non-persistent warp-specialised kernel (GemmUniversal for
+// KernelTmaWarpSpecialized, sm90_gemm_tma_warpspecialized.hpp), with two changes: block z runs only its range of
+// k tiles, and the epilogue sees L = splits with l = blockIdx.z (the L stride of dD separates the slices).
+template <class Base>
+struct WgradSplitKernel {
+  using ProblemShape = typename Base::ProblemShape;
+  using CollectiveMainloop = typename Base::CollectiveMainloop;
+  using CollectiveEpilogue = typename Base::CollectiveEpilogue;
+  using TileShape = typename Base::TileShape;
+  using TiledMma = typename Base::TiledMma;
+  using ArchTag = typename Base::ArchTag;
+  using ClusterShape = typename Base::ClusterShape;
+  using SharedStorage = typename Base::SharedStorage;
+  static constexpr int SharedStorageSize = Base::SharedStorageSize;
+  static constexpr uint32_t MaxThreadsPerBlock = Base::MaxThreadsPerBlock;
+  static constexpr uint32_t MinBlocksPerMultiprocessor = Base::MinBlocksPerMultiprocessor;
+  static_assert(cute::size(ClusterShape{}) == 1, "the split kernel assumes no clusters");
+
+  struct Params {
+    typename Base::Params base;
+    int k_tiles_per_split;
+    int splits;
+  };
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace cute;
+    enum class WarpGroupRole { Producer = 0, Consumer = 1 };
+
+    SharedStorage& shared_storage = *reinterpret_cast<SharedStorage*>(smem_buf);
+    const int thread_idx = int(threadIdx.x);
+    const int lane_idx = cutlass::canonical_lane_idx();
+    const int warp_idx = cutlass::canonical_warp_idx_sync();
+    const int warp_idx_in_warp_group = warp_idx % cutlass::NumWarpsPerWarpGroup;
+    const int warp_group_thread_idx = thread_idx % cutlass::NumThreadsPerWarpGroup;
+    const auto warp_group_role = WarpGroupRole(cutlass::canonical_warp_group_idx());
+    const bool is_load_warp = warp_group_role == WarpGroupRole::Producer && warp_idx_in_warp_group == 0;
+    const int lane_predicate = cute::elect_one_sync();
+    const uint32_t block_rank_in_cluster = cute::block_rank_in_cluster();
+
+    if (warp_idx == 0 && lane_predicate) {
+      CollectiveMainloop::prefetch_tma_descriptors(params.base.mainloop);
+      CollectiveEpilogue::prefetch_tma_descriptors(params.base.epilogue);
+    }
+
+    using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
+    typename MainloopPipeline::Params mainloop_pipeline_params;
+    if (is_load_warp) mainloop_pipeline_params.role = MainloopPipeline::ThreadCategory::Producer;
+    if (warp_group_role == WarpGroupRole::Consumer) {
+      mainloop_pipeline_params.role = MainloopPipeline::ThreadCategory::Consumer;
+    }
+    mainloop_pipeline_params.is_leader = warp_group_thread_idx == 0;
+    mainloop_pipeline_params.num_consumers = cutlass::NumThreadsPerWarpGroup;
+    mainloop_pipeline_params.transaction_bytes = params.base.mainloop.tma_transaction_bytes;
+    MainloopPipeline mainloop_pipeline(shared_storage.pipelines.mainloop, mainloop_pipeline_params, ClusterShape{});
+
+    using EpiLoadPipeline = typename CollectiveEpilogue::LoadPipeline;
+    typename EpiLoadPipeline::Params epi_load_pipeline_params;
+    if (is_load_warp) epi_load_pipeline_params.role = EpiLoadPipeline::ThreadCategory::Producer;
+    if (warp_group_role == WarpGroupRole::Consumer) {
+      epi_load_pipeline_params.role = EpiLoadPipeline::ThreadCategory::Consumer;
+    }
+    epi_load_pipeline_params.dst_blockid = block_rank_in_cluster;
+    epi_load_pipeline_params.producer_arv_count = cutlass::NumThreadsPerWarp;
+    epi_load_pipeline_params.consumer_arv_count = cutlass::NumThreadsPerWarpGroup;
+    if constexpr (CollectiveEpilogue::RequiresTransactionBytes) {
+      epi_load_pipeline_params.transaction_bytes = params.base.epilogue.tma_transaction_bytes;
+    }
+    EpiLoadPipeline epi_load_pipeline(shared_storage.pipelines.epi_load, epi_load_pipeline_params);
+
+    using EpiStorePipeline = typename CollectiveEpilogue::StorePipeline;
+    typename EpiStorePipeline::Params epi_store_pipeline_params;
+    epi_store_pipeline_params.always_wait = true;
+    EpiStorePipeline epi_store_pipeline(epi_store_pipeline_params);
+
+    typename CollectiveMainloop::PipelineState mainloop_pipe_consumer_state;
+    typename CollectiveEpilogue::LoadPipelineState epi_load_pipe_consumer_state;
+    auto mainloop_pipe_producer_state = cutlass::make_producer_start_state<MainloopPipeline>();
+    auto epi_load_pipe_producer_state = cutlass::make_producer_start_state<EpiLoadPipeline>();
+    auto epi_store_pipe_producer_state = cutlass::make_producer_start_state<EpiStorePipeline>();
+
+    __syncthreads();  // pipeline barriers initialised before anyone uses them (cluster of one)
+
+    auto blk_shape = TileShape{};
+    TiledMma tiled_mma;
+    auto problem_shape_MNKL = append<4>(params.base.problem_shape, Int<1>{});
+
+    CollectiveMainloop collective_mainloop;
+    CollectiveEpilogue collective_epilogue(params.base.epilogue, shared_storage.tensors.epilogue);
+
+    auto load_inputs = collective_mainloop.load_init(problem_shape_MNKL, params.base.mainloop);
+    cute::Tensor gA_mkl = get<0>(load_inputs);
+    cute::Tensor gB_nkl = get<1>(load_inputs);
+
+    auto m_coord = idx2crd(int(blockIdx.x), shape<2>(gA_mkl));
+    auto n_coord = idx2crd(int(blockIdx.y), shape<2>(gB_nkl));
+    auto blk_coord = make_coord(m_coord, n_coord, _, Int<0>{});
+
+    // This block's k tiles (the host plan leaves no split empty).
+    const int k_tiles = int(size<3>(gA_mkl));
+    const int k_begin = int(blockIdx.z) * params.k_tiles_per_split;
+    const int k_tile_count = max(0, min(params.k_tiles_per_split, k_tiles - k_begin));
+    auto k_tile_iter = cute::make_coord_iterator(idx2crd(k_begin, shape<3>(gA_mkl)), shape<3>(gA_mkl));
+
+    // The epilogue's view: L = splits, this block writes slice blockIdx.z.
+    auto epi_shape_MNKL = make_shape(get<0>(problem_shape_MNKL), get<1>(problem_shape_MNKL),
+                                     get<2>(problem_shape_MNKL), params.splits);
+    auto epi_coord = make_coord(m_coord, n_coord, _, int(blockIdx.z));
+
+    if (warp_group_role == WarpGroupRole::Producer) {
+      if (warp_idx_in_warp_group == 0) {
+        cutlass::arch::wait_on_dependent_grids();
+        collective_mainloop.load(params.base.mainloop, mainloop_pipeline, mainloop_pipe_producer_state, load_inputs,
+                                 blk_coord, k_tile_iter, k_tile_count, lane_idx, block_rank_in_cluster,
+                                 shared_storage.tensors.mainloop);
+        mainloop_pipe_producer_state.advance(k_tile_count);
+        collective_mainloop.load_tail(mainloop_pipeline, mainloop_pipe_producer_state);
+        if (collective_epilogue.is_producer_load_needed()) {
+          __syncwarp();
+          epi_load_pipe_producer_state =
+              collective_epilogue.load(epi_load_pipeline, epi_load_pipe_producer_state, epi_shape_MNKL, blk_shape,
+                                       epi_coord, tiled_mma, lane_idx, shared_storage.tensors.epilogue);
+          collective_epilogue.load_tail(epi_load_pipeline, epi_load_pipe_producer_state);
+        }
+      }
+    } else if (warp_group_role == WarpGroupRole::Consumer) {
+      cute::Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(blk_shape));
+      if (k_tile_count == 0) cute::clear(accumulators);  // mma() only zeroes them with its first k tile
+      collective_mainloop.mma(mainloop_pipeline, mainloop_pipe_consumer_state, accumulators, k_tile_count,
+                              warp_group_thread_idx, shared_storage.tensors.mainloop, params.base.mainloop);
+      collective_mainloop.mma_tail(mainloop_pipeline, mainloop_pipe_consumer_state, k_tile_count);
+      cutlass::arch::launch_dependent_grids();
+      auto [epi_load_next, epi_store_next] = collective_epilogue.store(
+          epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline, epi_store_pipe_producer_state,
+          epi_shape_MNKL, blk_shape, epi_coord, accumulators, tiled_mma, warp_group_thread_idx,
+          shared_storage.tensors.epilogue);
+      collective_epilogue.store_tail(epi_load_pipeline, epi_load_next, epi_store_pipeline, epi_store_next);
+    }
+#endif
+  }
+};
+
+// Persistent fprop/dgrad: the same warp-specialised structure, but each block walks tiles
+// blockIdx.x, blockIdx.x + gridDim.x, ... so the producer warp loads the next tile while the consumer warpgroup
+// runs the current tile's epilogue. Small-K convolutions (1x1 with 64 channels: one k tile per output tile) are
+// otherwise dominated by per-block pipeline fill and epilogue. Mainloop and epilogue shared memory are separate
+// here (the non-persistent kernel overlays them); the stage count already leaves room for the epilogue.
+template <class Base>
+struct PersistentConvKernel {
+  using ProblemShape = typename Base::ProblemShape;
+  using CollectiveMainloop = typename Base::CollectiveMainloop;
+  using CollectiveEpilogue = typename Base::CollectiveEpilogue;
+  using TileShape = typename Base::TileShape;
+  using TiledMma = typename Base::TiledMma;
+  using ArchTag = typename Base::ArchTag;
+  using ClusterShape = typename Base::ClusterShape;
+  static constexpr uint32_t MaxThreadsPerBlock = Base::MaxThreadsPerBlock;
+  static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
+  static_assert(cute::size(ClusterShape{}) == 1, "the persistent kernel assumes no clusters");
+
+  struct SharedStorage {
+    struct TensorStorage {
+      typename CollectiveMainloop::TensorStorage mainloop;
+      typename CollectiveEpilogue::TensorStorage epilogue;
+    } tensors;
+    struct PipelineStorage : cute::aligned_struct<16, _1> {
+      alignas(16) typename CollectiveMainloop::PipelineStorage mainloop;
+      alignas(16) typename CollectiveEpilogue::PipelineStorage epi_load;
+    } pipelines;
+  };
+  static constexpr int SharedStorageSize = sizeof(SharedStorage);
+
+  struct Params {
+    typename Base::Params base;
+    int tiles_m, tiles_n;  // tile t -> (m = t / tiles_n, n = t % tiles_n): blocks running together share A rows
+  };
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace cute;
+    enum class WarpGroupRole { Producer = 0, Consumer = 1 };
+
+    SharedStorage& shared_storage = *reinterpret_cast<SharedStorage*>(smem_buf);
+    const int thread_idx = int(threadIdx.x);
+    const int lane_idx = cutlass::canonical_lane_idx();
+    const int warp_idx = cutlass::canonical_warp_idx_sync();
+    const int warp_idx_in_warp_group = warp_idx % cutlass::NumWarpsPerWarpGroup;
+    const int warp_group_thread_idx = thread_idx % cutlass::NumThreadsPerWarpGroup;
+    const auto warp_group_role = WarpGroupRole(cutlass::canonical_warp_group_idx());
+    const bool is_load_warp = warp_group_role == WarpGroupRole::Producer && warp_idx_in_warp_group == 0;
+    const bool is_epi_load_warp = warp_group_role == WarpGroupRole::Producer && warp_idx_in_warp_group == 1;
+    const int lane_predicate = cute::elect_one_sync();
+    const uint32_t block_rank_in_cluster = cute::block_rank_in_cluster();
+
+    if (warp_idx == 0 && lane_predicate) {
+      CollectiveMainloop::prefetch_tma_descriptors(params.base.mainloop);
+      CollectiveEpilogue::prefetch_tma_descriptors(params.base.epilogue);
+    }
+
+    using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
+    typename MainloopPipeline::Params mainloop_pipeline_params;
+    if (is_load_warp) mainloop_pipeline_params.role = MainloopPipeline::ThreadCategory::Producer;
+    if (warp_group_role == WarpGroupRole::Consumer) {
+      mainloop_pipeline_params.role = MainloopPipeline::ThreadCategory::Consumer;
+    }
+    mainloop_pipeline_params.is_leader = warp_group_thread_idx == 0;
+    mainloop_pipeline_params.num_consumers = cutlass::NumThreadsPerWarpGroup;
+    mainloop_pipeline_params.transaction_bytes = params.base.mainloop.tma_transaction_bytes;
+    MainloopPipeline mainloop_pipeline(shared_storage.pipelines.mainloop, mainloop_pipeline_params, ClusterShape{});
+
+    using EpiLoadPipeline = typename CollectiveEpilogue::LoadPipeline;
+    typename EpiLoadPipeline::Params epi_load_pipeline_params;
+    if (is_epi_load_warp) epi_load_pipeline_params.role = EpiLoadPipeline::ThreadCategory::Producer;
+    if (warp_group_role == WarpGroupRole::Consumer) {
+      epi_load_pipeline_params.role = EpiLoadPipeline::ThreadCategory::Consumer;
+    }
+    epi_load_pipeline_params.dst_blockid = block_rank_in_cluster;
+    epi_load_pipeline_params.producer_arv_count = cutlass::NumThreadsPerWarp;
+    epi_load_pipeline_params.consumer_arv_count = cutlass::NumThreadsPerWarpGroup;
+    if constexpr (CollectiveEpilogue::RequiresTransactionBytes) {
+      epi_load_pipeline_params.transaction_bytes = params.base.epilogue.tma_transaction_bytes;
+    }
+    EpiLoadPipeline epi_load_pipeline(shared_storage.pipelines.epi_load, epi_load_pipeline_params);
+
+    using EpiStorePipeline = typename CollectiveEpilogue::StorePipeline;
+    typename EpiStorePipeline::Params epi_store_pipeline_params;
+    epi_store_pipeline_params.always_wait = true;
+    EpiStorePipeline epi_store_pipeline(epi_store_pipeline_params);
+
+    typename CollectiveMainloop::PipelineState mainloop_pipe_consumer_state;
+    typename CollectiveEpilogue::LoadPipelineState epi_load_pipe_consumer_state;
+    auto mainloop_pipe_producer_state = cutlass::make_producer_start_state<MainloopPipeline>();
+    auto epi_load_pipe_producer_state = cutlass::make_producer_start_state<EpiLoadPipeline>();
+    auto epi_store_pipe_producer_state = cutlass::make_producer_start_state<EpiStorePipeline>();
+
+    __syncthreads();  // pipeline barriers initialised before anyone uses them (cluster of one)
+
+    auto blk_shape = TileShape{};
+    TiledMma tiled_mma;
+    auto problem_shape_MNKL = append<4>(params.base.problem_shape, Int<1>{});
+
+    CollectiveMainloop collective_mainloop;
+    auto load_inputs = collective_mainloop.load_init(problem_shape_MNKL, params.base.mainloop);
+    cute::Tensor gA_mkl = get<0>(load_inputs);
+    cute::Tensor gB_nkl = get<1>(load_inputs);
+    const int k_tile_count = int(size<3>(gA_mkl));
+    const int tiles = params.tiles_m * params.tiles_n;
+    auto tile_coord = [&](int t) {
+      return make_coord(idx2crd(t / params.tiles_n, shape<2>(gA_mkl)), idx2crd(t % params.tiles_n, shape<2>(gB_nkl)),
+                        _, Int<0>{});
+    };
+
+    if (warp_group_role == WarpGroupRole::Producer) {
+      if (is_load_warp) {
+        cutlass::arch::wait_on_dependent_grids();
+        for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+          auto k_tile_iter = cute::make_coord_iterator(shape<3>(gA_mkl));
+          collective_mainloop.load(params.base.mainloop, mainloop_pipeline, mainloop_pipe_producer_state,
+                                   load_inputs, tile_coord(t), k_tile_iter, k_tile_count, lane_idx,
+                                   block_rank_in_cluster, shared_storage.tensors.mainloop);
+          mainloop_pipe_producer_state.advance(k_tile_count);
+        }
+        collective_mainloop.load_tail(mainloop_pipeline, mainloop_pipe_producer_state);
+      } else if (is_epi_load_warp) {
+        CollectiveEpilogue collective_epilogue(params.base.epilogue, shared_storage.tensors.epilogue);
+        if (collective_epilogue.is_producer_load_needed()) {
+          cutlass::arch::wait_on_dependent_grids();
+          for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+            epi_load_pipe_producer_state =
+                collective_epilogue.load(epi_load_pipeline, epi_load_pipe_producer_state, problem_shape_MNKL,
+                                         blk_shape, tile_coord(t), tiled_mma, lane_idx,
+                                         shared_storage.tensors.epilogue);
+          }
+          collective_epilogue.load_tail(epi_load_pipeline, epi_load_pipe_producer_state);
+        }
+      }
+    } else if (warp_group_role == WarpGroupRole::Consumer) {
+      CollectiveEpilogue collective_epilogue(params.base.epilogue, shared_storage.tensors.epilogue);
+      bool stored = false;
+      for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+        cute::Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(blk_shape));
+        collective_mainloop.mma(mainloop_pipeline, mainloop_pipe_consumer_state, accumulators, k_tile_count,
+                                warp_group_thread_idx, shared_storage.tensors.mainloop, params.base.mainloop);
+        collective_mainloop.mma_tail(mainloop_pipeline, mainloop_pipe_consumer_state, k_tile_count);
+        mainloop_pipe_consumer_state.advance(k_tile_count);
+        auto [epi_load_next, epi_store_next] = collective_epilogue.store(
+            epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline, epi_store_pipe_producer_state,
+            problem_shape_MNKL, blk_shape, tile_coord(t), accumulators, tiled_mma, warp_group_thread_idx,
+            shared_storage.tensors.epilogue);
+        epi_load_pipe_consumer_state = epi_load_next;
+        epi_store_pipe_producer_state = epi_store_next;
+        stored = true;
+      }
+      cutlass::arch::launch_dependent_grids();
+      if (stored) {
+        collective_epilogue.store_tail(epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline,
+                                       epi_store_pipe_producer_state);
+      }
+    }
+#endif
+  }
+};
+
+// dw[e] = sum_{s < splits} part[s * count + e], s ascending (deterministic). count % 4 == 0, 16-byte aligned.
+__global__ void ReduceWgradSplits(const float4* __restrict__ part, int64_t splits, int64_t count4,
+                                  float4* __restrict__ dw) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count4; e += int64_t(gridDim.x) * blockDim.x) {
+    float4 acc = part[e];
+    for (int64_t s = 1; s < splits; ++s) {
+      const float4 v = part[s * count4 + e];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    dw[e] = acc;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host side: checks and plans (pure), argument construction.
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// What CUTLASS's can_implement does not check but the kernels or TMA need, plus bounds that keep CUTLASS's int
+// arithmetic (ConvProblemShape holds int extents) from overflowing before can_implement runs.
+bool BasicChecks(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+  if (math == IgemmMath::k3xTF32) return false;             // igemm_sm80.cu
+  if (math == IgemmMath::kTF32 && op != CudaOp::kFwd) return false;  // tf32 wgmma is K-major only
+  const int64_t align = math == IgemmMath::kTF32 ? 4 : 8;   // 16-byte rows for TMA
+  if (pr.n < 1 || pr.c < 1 || pr.k < 1) return false;
+  if (pr.c % align != 0 || pr.k % align != 0) return false;
+  constexpr int64_t kBig = int64_t(1) << 30;
+  if (pr.n > kBig || pr.c > kBig || pr.k > kBig) return false;
+  for (int i = 0; i < 3; ++i) {
+    if (pr.in[i] < 1 || pr.win[i] < 1 || pr.out[i] < 1 || pr.in[i] > kBig || pr.out[i] > kBig) return false;
+    if (pr.stride[i] < 1 || pr.dil[i] < 1) return false;
+    if (pr.stride[i] > 8) return false;  // TMA im2col traversal stride (elementStrides) is 1..8
+    if (op == CudaOp::kDgrad && pr.stride[i] != 1) return false;  // no strided dgrad on sm90
+    // TMA im2col, 3-D: padding <= 16, filter offset (win-1)*dil < 31 (can_implement checks both again; here
+    // they bound the int arithmetic below).
+    if (pr.pad_lo[i] < 0 || pr.pad_hi[i] < 0 || pr.pad_lo[i] > 16 || pr.pad_hi[i] > 16) return false;
+    if (pr.win[i] > 31 || pr.dil[i] > 30 || (pr.win[i] - 1) * pr.dil[i] >= 31) return false;
+    // The output extent as CUTLASS computes it (and lax): must be the caller's.
+    const int64_t span = pr.in[i] + pr.pad_lo[i] + pr.pad_hi[i] - (pr.win[i] - 1) * pr.dil[i] - 1;
+    if (span < 0 || span / pr.stride[i] + 1 != pr.out[i]) return false;
+  }
+  // Linearised GEMM extents are int32 in the kernels (im2col coordinates, FastDivmod).
+  const int64_t in_px = pr.in[0] * pr.in[1] * pr.in[2], out_px = pr.out[0] * pr.out[1] * pr.out[2];
+  if (in_px > INT32_MAX || out_px > INT32_MAX) return false;
+  if (pr.n * in_px > INT32_MAX || pr.n * out_px > INT32_MAX) return false;
+  // Tensor sizes: TMA strides < 2^40 bytes, 64-bit offsets everywhere; a generous cap (2^36 elements).
+  constexpr int64_t kMaxElems = int64_t(1) << 36;
+  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
+  if (pr.c > kMaxElems / (pr.n * in_px) || pr.k > kMaxElems / (pr.n * out_px)) return false;
+  if (pr.c * taps > INT32_MAX || pr.k * pr.c * taps > kMaxElems) return false;
+  // wgrad's grid has the N tiles in y (at most 65535); fprop/dgrad use a 1-D persistent grid.
+  if (op == CudaOp::kWgrad && CeilDiv(pr.c, kWgTileN) * taps > kMaxGridY) return false;
+  return true;
+}
+
+// Wgrad split-K plan: minimise an estimated time in units of one k tile's MMA work on one SM.
+//   waves(s) * (k tiles per split + per-CTA overhead) + partial-sum traffic and the reduction launch,
+// for s in [1, min(kMaxSplits, k_tiles)], where the number of splits is made exact (no empty split).
+struct SplitPlan {
+  int64_t splits = 1, k_tiles_per_split = 1;
+};
+
+SplitPlan WgradPlan(const IgemmProblem& pr) {
+  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
+  const int64_t gemm_k = pr.n * pr.out[0] * pr.out[1] * pr.out[2];
+  const int64_t k_tiles = CeilDiv(gemm_k, kWgTileK);
+  const int64_t tiles_mn = CeilDiv(pr.k, kWgTileM) * CeilDiv(pr.c, kWgTileN) * taps;
+  const int64_t dw_elems = pr.k * taps * pr.c;
+  constexpr double kCtaOverhead = 4.0;      // prologue fill + epilogue, in k tiles
+  constexpr double kPerPartialElem = 1e-5;  // write + read one f32 partial, in k tiles (spread over the GPU)
+  constexpr double kReduceLaunch = 10.0;    // the extra kernel
+  SplitPlan best;
+  best.k_tiles_per_split = k_tiles;
+  double best_cost = double(CeilDiv(tiles_mn, kPlanSms)) * (double(k_tiles) + kCtaOverhead);
+  const int64_t max_s = std::min<int64_t>(kMaxSplits, k_tiles);
+  for (int64_t s = 2; s <= max_s; ++s) {
+    const int64_t per = CeilDiv(k_tiles, s);
+    const int64_t splits = CeilDiv(k_tiles, per);
+    if (splits != s) continue;  // the same plan as a smaller s
+    if (splits * dw_elems * int64_t(sizeof(float)) > kMaxSplitWorkspace) break;
+    const double cost = double(CeilDiv(tiles_mn * splits, kPlanSms)) * (double(per) + kCtaOverhead) +
+                        double(splits) * double(dw_elems) * kPerPartialElem + kReduceLaunch;
+    if (cost < best_cost) {
+      best_cost = cost;
+      best.splits = splits;
+      best.k_tiles_per_split = per;
+    }
+  }
+  return best;
+}
+
+size_t WgradWorkspace(const IgemmProblem& pr) {
+  const SplitPlan plan = WgradPlan(pr);
+  if (plan.splits <= 1) return 0;
+  const int64_t dw_elems = pr.k * pr.win[0] * pr.win[1] * pr.win[2] * pr.c;
+  return static_cast<size_t>(plan.splits * dw_elems) * sizeof(float);
+}
+
+template <Operator Op>
+cutlass::conv::ConvProblemShape<Op, 3> MakeProblemShape(const IgemmProblem& pr) {
+  using PS = cutlass::conv::ConvProblemShape<Op, 3>;
+  const typename PS::TensorExtent act{int(pr.n), int(pr.in[0]), int(pr.in[1]), int(pr.in[2]), int(pr.c)};
+  const typename PS::TensorExtent flt{int(pr.k), int(pr.win[0]), int(pr.win[1]), int(pr.win[2]), int(pr.c)};
+  typename PS::ShapePadding lo{}, hi{};
+  typename PS::TraversalStride st{};
+  typename PS::ShapeDilation dl{};
+  for (int i = 0; i < 3; ++i) {
+    lo[i] = int(pr.pad_lo[i]);
+    hi[i] = int(pr.pad_hi[i]);
+    st[i] = int(pr.stride[i]);
+    dl[i] = int(pr.dil[i]);
+  }
+  return PS(cutlass::conv::Mode::kCrossCorrelation, act, PS::packed_stride_right_major(act), flt,
+            PS::packed_stride_right_major(flt), lo, hi, st, dl, /*groups=*/1);
+}
+
+// Self-check: the (N,Z,P,Q,K) shape CUTLASS derived is the caller's output (fprop C, dgrad/wgrad A).
+template <Operator Op>
+bool ShapeMatches(const cutlass::conv::ConvProblemShape<Op, 3>& ps, const IgemmProblem& pr) {
+  const auto& y = Op == Operator::kFprop ? ps.shape_C : ps.shape_A;
+  return y[0] == pr.n && y[1] == pr.out[0] && y[2] == pr.out[1] && y[3] == pr.out[2] && y[4] == pr.k;
+}
+
+// Kernel arguments; pointers may be null (Supports builds them for can_implement only).
+template <class Cfg>
+typename Cfg::Kernel::Arguments MakeArguments(const IgemmProblem& pr, const IgemmArgs& a, void* d_ptr) {
+  using Kernel = typename Cfg::Kernel;
+  using T = typename Cfg::Element;
+  using Args = typename Kernel::Arguments;
+  const auto ps = MakeProblemShape<Cfg::kOp>(pr);
+  Args args{};
+  args.problem_shape = ps;
+  args.hw_info.device_id = 0;  // unused by the non-persistent kernel (no SM-count dependent plan)
+  args.hw_info.sm_count = int(kPlanSms);
+  if constexpr (Cfg::kOp == Operator::kWgrad) {
+    // CUTLASS wgrad: A = dy (NZPQK), B = x (NDHWC); ours: a = x, b = dy.
+    args.mainloop.ptr_A = static_cast<const T*>(a.b);
+    args.mainloop.ptr_B = static_cast<const T*>(a.a);
+    const int64_t taps_c = pr.win[0] * pr.win[1] * pr.win[2] * pr.c;
+    WgradStrideD d{};
+    get<0>(d) = taps_c;                              // K
+    get<1, 1>(d) = pr.c;                             // S
+    get<1, 2>(d) = pr.win[2] * pr.c;                 // R
+    get<1, 3>(d) = pr.win[1] * pr.win[2] * pr.c;     // T
+    get<2>(d) = pr.k * taps_c;                       // split slice
+    args.epilogue.thread.alpha = 1.f;
+    args.epilogue.thread.beta = 0.f;
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.dC = d;
+    args.epilogue.ptr_D = static_cast<float*>(d_ptr);
+    args.epilogue.dD = d;
+  } else {
+    args.mainloop.ptr_A = static_cast<const T*>(a.a);  // fprop x, dgrad dy
+    args.mainloop.ptr_B = static_cast<const T*>(a.b);  // w
+    // D: fprop y (N,Z,P,Q,K), dgrad dx (N,D,H,W,C), packed; modes ((q,p,z,n), k, l).
+    const int64_t* sp = Cfg::kOp == Operator::kFprop ? pr.out : pr.in;
+    const int64_t ch = Cfg::kOp == Operator::kFprop ? pr.k : pr.c;
+    typename Kernel::StrideD d{};
+    get<0, 0>(d) = ch;
+    get<0, 1>(d) = sp[2] * ch;
+    get<0, 2>(d) = sp[1] * sp[2] * ch;
+    get<0, 3>(d) = sp[0] * sp[1] * sp[2] * ch;
+    args.epilogue.dC = d;
+    args.epilogue.dD = d;
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.ptr_D = static_cast<T*>(d_ptr);
+    auto& f = args.epilogue.thread;
+    f.alpha = 1.f;
+    f.beta = 0.f;
+    if constexpr (Cfg::kOp == Operator::kFprop) {
+      f.bias_ptr = static_cast<const T*>(a.bias);  // null: CUTLASS broadcasts 0
+      f.activation.act = int(a.act);
+    }
+  }
+  return args;
+}
+
+template <class Cfg>
+bool CanImplement(const IgemmProblem& pr) {
+  const auto args = MakeArguments<Cfg>(pr, IgemmArgs{}, nullptr);
+  if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr)) return false;
+  return Cfg::Kernel::can_implement(args);
+}
+
+template <class K>
+cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = K::SharedStorageSize;
+  static_assert(smem <= 227 * 1024, "more shared memory than an sm_90 block can have");
+  auto* fn = &cutlass::device_kernel<K>;
+  if constexpr (smem >= (48 << 10)) {
+    // The opt-in is per device; remember where it was done (devices 0..63; others set it every call).
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+    if (bit == 0 || (done.load(std::memory_order_relaxed) & bit) == 0) {
+      e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+      done.fetch_or(bit, std::memory_order_relaxed);
+    }
+  }
+  fn<<<grid, K::MaxThreadsPerBlock, smem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <class Cfg>
+cudaError_t RunFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t stream) {
+  using Kernel = typename Cfg::Kernel;
+  constexpr bool kFwd = Cfg::kOp == Operator::kFprop;  // dgrad ignores bias and act (igemm.h)
+  if (!Aligned16(a.a) || !Aligned16(a.b) || !Aligned16(a.out)) return cudaErrorInvalidValue;
+  if (kFwd && (!Aligned16(a.bias) || a.act < kActNone || a.act > kActSilu)) return cudaErrorInvalidValue;
+  const auto args = MakeArguments<Cfg>(pr, a, a.out);
+  if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Kernel::can_implement(args)) return cudaErrorNotSupported;
+  using Persistent = PersistentConvKernel<Kernel>;
+  typename Persistent::Params params;
+  // Encodes the TMA descriptors on the host (driver entry point via the runtime; no workspace).
+  params.base = Kernel::to_underlying_arguments(args, nullptr);
+  const dim3 tiles = Kernel::get_grid_shape(params.base);  // (m tiles, n tiles, 1)
+  if (tiles.z != 1 || int64_t(tiles.x) * tiles.y > INT32_MAX) return cudaErrorNotSupported;
+  params.tiles_m = int(tiles.x);
+  params.tiles_n = int(tiles.y);
+  // Several blocks per SM over the run rather than exactly one: a GPU with fewer SMs than kPlanSms then loses
+  // little to the last partial wave, and no device query is needed.
+  const int64_t blocks = std::min<int64_t>(int64_t(tiles.x) * tiles.y, kPersistentWaves * kPlanSms);
+  return LaunchKernel<Persistent>(params, dim3(unsigned(blocks), 1, 1), stream);
+}
+
+template <class Cfg>
+cudaError_t RunWgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t stream) {
+  using Base = typename Cfg::Kernel;
+  using Split = WgradSplitKernel<Base>;
+  if (!Aligned16(a.a) || !Aligned16(a.b) || !Aligned16(a.out)) return cudaErrorInvalidValue;
+  const SplitPlan plan = WgradPlan(pr);
+  const int64_t dw_elems = pr.k * pr.win[0] * pr.win[1] * pr.win[2] * pr.c;
+  float* dst = static_cast<float*>(a.out);
+  if (plan.splits > 1) {
+    if (a.workspace == nullptr || a.workspace_bytes < WgradWorkspace(pr)) return cudaErrorInvalidValue;
+    if (!Aligned16(a.workspace)) return cudaErrorInvalidValue;
+    dst = static_cast<float*>(a.workspace);
+  }
+  const auto args = MakeArguments<Cfg>(pr, a, dst);
+  if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Base::can_implement(args)) return cudaErrorNotSupported;
+  typename Split::Params params;
+  params.base = Base::to_underlying_arguments(args, nullptr);
+  params.k_tiles_per_split = int(plan.k_tiles_per_split);
+  params.splits = int(plan.splits);
+  dim3 grid = Base::get_grid_shape(params.base);
+  // Self-check against the plan's tile counts (the split ranges assume them).
+  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
+  if (int64_t(grid.x) != CeilDiv(pr.k, kWgTileM) || int64_t(grid.y) != CeilDiv(pr.c, kWgTileN) * taps ||
+      grid.z != 1) {
+    return cudaErrorNotSupported;
+  }
+  grid.z = unsigned(plan.splits);
+  cudaError_t e = LaunchKernel<Split>(params, grid, stream);
+  if (e != cudaSuccess || plan.splits <= 1) return e;
+  const int64_t count4 = dw_elems / 4;  // c % 8 == 0
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>(CeilDiv(count4, threads), 16 * kPlanSms);
+  ReduceWgradSplits<<<unsigned(blocks), threads, 0, stream>>>(static_cast<const float4*>(a.workspace), plan.splits,
+                                                               count4, static_cast<float4*>(a.out));
+  return cudaGetLastError();
+}
+
+}  // namespace
+#endif  // JAXCONV_SM90_KERNELS
+
+bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+#if JAXCONV_SM90_KERNELS
+  if (!BasicChecks(pr, op, math)) return false;
+  switch (op) {
+    case CudaOp::kFwd:
+      if (math == IgemmMath::kBF16) return CanImplement<FpropCfg<cutlass::bfloat16_t>>(pr);
+      if (math == IgemmMath::kF16) return CanImplement<FpropCfg<cutlass::half_t>>(pr);
+      return CanImplement<FpropCfg<float>>(pr);
+    case CudaOp::kDgrad:
+      if (math == IgemmMath::kBF16) return CanImplement<DgradCfg<cutlass::bfloat16_t>>(pr);
+      return CanImplement<DgradCfg<cutlass::half_t>>(pr);
+    case CudaOp::kWgrad:
+      if (math == IgemmMath::kBF16) return CanImplement<WgradCfg<cutlass::bfloat16_t>>(pr);
+      return CanImplement<WgradCfg<cutlass::half_t>>(pr);
+  }
+  return false;
+#else
+  (void)pr;
+  (void)op;
+  (void)math;
+  return false;
+#endif
+}
+
+size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+#if JAXCONV_SM90_KERNELS
+  // CUTLASS's conv kernel needs none; only the wgrad split partial sums.
+  if (op != CudaOp::kWgrad || !IgemmSm90Supports(pr, op, math)) return 0;
+  return WgradWorkspace(pr);
+#else
+  (void)pr;
+  (void)op;
+  (void)math;
+  return 0;
+#endif
+}
+
+cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,
+                         cudaStream_t stream) {
+#if JAXCONV_SM90_KERNELS
+  if (!BasicChecks(pr, op, math)) return cudaErrorNotSupported;
+  switch (op) {
+    case CudaOp::kFwd:
+      // kF32 out is the operand type for tf32 (f32 operands); 16-bit operands write 16-bit only.
+      if (args.out_type != IgemmOut::kSame && math != IgemmMath::kTF32) return cudaErrorNotSupported;
+      if (math == IgemmMath::kBF16) return RunFwdOrDgrad<FpropCfg<cutlass::bfloat16_t>>(pr, args, stream);
+      if (math == IgemmMath::kF16) return RunFwdOrDgrad<FpropCfg<cutlass::half_t>>(pr, args, stream);
+      return RunFwdOrDgrad<FpropCfg<float>>(pr, args, stream);
+    case CudaOp::kDgrad:
+      if (args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
+      if (math == IgemmMath::kBF16) return RunFwdOrDgrad<DgradCfg<cutlass::bfloat16_t>>(pr, args, stream);
+      return RunFwdOrDgrad<DgradCfg<cutlass::half_t>>(pr, args, stream);
+    case CudaOp::kWgrad:
+      if (math == IgemmMath::kBF16) return RunWgrad<WgradCfg<cutlass::bfloat16_t>>(pr, args, stream);
+      return RunWgrad<WgradCfg<cutlass::half_t>>(pr, args, stream);
+  }
+  return cudaErrorNotSupported;
+#else
+  (void)pr;
+  (void)op;
+  (void)math;
+  (void)args;
+  (void)stream;
+  return cudaErrorNotSupported;
+#endif
+}
+
+}  // namespace cuda
+}  // namespace jaxconv

@@ -1,0 +1,218 @@
+// The "implicit_gemm" family: jaxconv's channels-last problems on the CUTLASS tensor-core kernels of igemm.h.
+//
+// jaxconv's channels-last filter is (T, R, S, C, K) (K innermost, as Flax and lax's HWIO); the kernels want
+// KTRSC (C innermost, the GEMM's reduction dimension contiguous). So fwd and dgrad first transpose the filter
+// into the workspace, and wgrad computes an f32 KTRSC gradient in the workspace and transposes (and casts) it
+// into the result. Activations need no conversion: channels-last NDHWC is the kernels' layout. Bias and
+// activation are fused into the kernels' fprop epilogues.
+// Kernel choice per call: the Hopper kernels (igemm_sm90.cu) on an sm_90 GPU when they take the problem, else
+// the mma.sync kernels (igemm_sm80.cu), else the direct kernels (also for empty problems).
+#include <algorithm>
+#include <atomic>
+
+#include "cuda/common.cuh"
+#include "cuda/igemm.h"
+
+namespace jaxconv {
+namespace cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+IgemmProblem ToProblem(const ConvParams& p) {
+  IgemmProblem pr;
+  pr.n = p.n[0];
+  pr.c = p.c[0];
+  pr.k = p.k[0];
+  for (int d = 0; d < 3; ++d) {
+    pr.in[d] = p.in[d];
+    pr.win[d] = p.win[d];
+    pr.out[d] = p.out[d];
+    pr.pad_lo[d] = p.pad_lo[d];
+    pr.pad_hi[d] = p.pad_hi[d];
+    pr.stride[d] = p.stride[d];
+    pr.dil[d] = p.rhs_dil[d];
+  }
+  return pr;
+}
+
+// float32 follows lax on the GPU: DEFAULT may use TF32; HIGH and HIGHEST get the ~FP32-accurate 3xTF32.
+IgemmMath MathFor(const ConvParams& p, DT in) {
+  switch (in) {
+    case DT::kBF16: return IgemmMath::kBF16;
+    case DT::kF16: return IgemmMath::kF16;
+    default: return p.precision[0] == kPrecisionDefault ? IgemmMath::kTF32 : IgemmMath::k3xTF32;
+  }
+}
+
+size_t InBytes(DT in) { return in == DT::kF32 ? 4 : 2; }
+
+// Compute capability major*10+minor of the current device, cached per device (a handler must not synchronise;
+// attribute queries do not).
+int DeviceArch() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
+  if (dev < 64) {
+    if (const int v = cache[dev].load(std::memory_order_relaxed); v != 0) return v;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so the caller's launch check does not see it
+    return 0;
+  }
+  const int v = major * 10 + minor;
+  if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+// Region sizes: [filter staging: fwd/dgrad the KTRSC filter, wgrad the f32 KTRSC gradient][kernel workspace].
+size_t StagingBytes(const ConvParams& p, CudaOp op, DT in) {
+  return AlignUp(static_cast<size_t>(WElements(p)) * (op == CudaOp::kWgrad ? 4 : InBytes(in)));
+}
+
+bool AnyKernel(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_t algo) {
+  return (algo == kAlgoImplicitGemm && IgemmSm90Supports(pr, op, math)) || IgemmSm80Supports(pr, op, math);
+}
+
+size_t KernelWorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_t algo) {
+  size_t bytes = 0;
+  if (algo == kAlgoImplicitGemm && IgemmSm90Supports(pr, op, math)) bytes = IgemmSm90WorkspaceBytes(pr, op, math);
+  if (IgemmSm80Supports(pr, op, math)) bytes = std::max(bytes, IgemmSm80WorkspaceBytes(pr, op, math));
+  return AlignUp(bytes);
+}
+
+// out[b*obs + j*ors + i] = in[b*ibs + i*irs + j] for i < rows, j < cols, b < batch: a batch of 2-D transposes
+// through a padded shared tile (coalesced reads and writes), with a dtype conversion.
+constexpr int kTile = 32;
+template <class TI, class TO>
+__global__ void __launch_bounds__(kTile * 8) BatchedTransposeKernel(const TI* __restrict__ in, TO* __restrict__ out,
+                                                                     int64_t rows, int64_t cols, int64_t batch,
+                                                                     int64_t ibs, int64_t irs, int64_t obs,
+                                                                     int64_t ors) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kTile, j0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+      const int64_t i = i0 + r, j = j0 + threadIdx.x;
+      if (i < rows && j < cols) tile[r][threadIdx.x] = ToAcc(in[b * ibs + i * irs + j]);
+    }
+    __syncthreads();
+    for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+      const int64_t j = j0 + r, i = i0 + threadIdx.x;
+      if (i < rows && j < cols) out[b * obs + j * ors + i] = FromAcc<TO>(tile[threadIdx.x][r]);
+    }
+    __syncthreads();
+  }
+}
+
+template <class TI, class TO>
+cudaError_t BatchedTranspose(const void* in, void* out, int64_t rows, int64_t cols, int64_t batch, int64_t ibs,
+                             int64_t irs, int64_t obs, int64_t ors, cudaStream_t s) {
+  if (rows == 0 || cols == 0 || batch == 0) return cudaSuccess;
+  const int64_t gx = CeilDiv(cols, kTile), gy = CeilDiv(rows, kTile);
+  if (gx > (int64_t(1) << 31) - 1 || gy > 65535) return cudaErrorInvalidValue;  // ImplicitGemmApplies bounds
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
+                  static_cast<unsigned>(batch < 65535 ? batch : 65535));
+  BatchedTransposeKernel<TI, TO><<<grid, dim3(kTile, 8), 0, s>>>(static_cast<const TI*>(in), static_cast<TO*>(out),
+                                                                rows, cols, batch, ibs, irs, obs, ors);
+  return cudaGetLastError();
+}
+
+// (T, R, S, C, K) -> (K, T, R, S, C), same dtype: per tap a (C x K) -> (K x C) transpose.
+cudaError_t FilterToKtrsc(const ConvParams& p, DT in, const void* w, void* dst, cudaStream_t s) {
+  const int64_t taps = SpatialCount(p.win), c = p.c[0], k = p.k[0];
+  if (in == DT::kF32) return BatchedTranspose<float, float>(w, dst, c, k, taps, c * k, k, c, taps * c, s);
+  if (in == DT::kBF16) {
+    return BatchedTranspose<__nv_bfloat16, __nv_bfloat16>(w, dst, c, k, taps, c * k, k, c, taps * c, s);
+  }
+  return BatchedTranspose<__half, __half>(w, dst, c, k, taps, c * k, k, c, taps * c, s);
+}
+
+// f32 (K, T, R, S, C) -> (T, R, S, C, K) in the result dtype: per tap a (K x C) -> (C x K) transpose.
+cudaError_t GradFromKtrsc(const ConvParams& p, DT out, const void* src, void* dw, cudaStream_t s) {
+  const int64_t taps = SpatialCount(p.win), c = p.c[0], k = p.k[0];
+  switch (out) {
+    case DT::kF32: return BatchedTranspose<float, float>(src, dw, k, c, taps, c, taps * c, c * k, k, s);
+    case DT::kBF16: return BatchedTranspose<float, __nv_bfloat16>(src, dw, k, c, taps, c, taps * c, c * k, k, s);
+    case DT::kF16: return BatchedTranspose<float, __half>(src, dw, k, c, taps, c, taps * c, c * k, k, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t DirectFallback(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,
+                           const void* bias, void* out_buf, cudaStream_t s) {
+  switch (op) {
+    case CudaOp::kFwd: return DirectFwd(p, in, out, a, b, bias, out_buf, s);
+    case CudaOp::kDgrad: return DirectDgrad(p, in, out, a, b, out_buf, s);
+    default: return DirectWgrad(p, in, out, a, b, out_buf, nullptr, 1, s);
+  }
+}
+
+// Runs the GEMM on the first kernel set that takes it; cudaErrorNotSupported when none does (nothing was
+// enqueued then).
+cudaError_t RunKernels(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_t algo, const IgemmArgs& args,
+                       cudaStream_t s) {
+  const size_t kernel_ws = KernelWorkspaceBytes(pr, op, math, algo);
+  if (args.workspace_bytes < kernel_ws) return cudaErrorNotSupported;
+  if (algo == kAlgoImplicitGemm && DeviceArch() == 90 && IgemmSm90Supports(pr, op, math)) {
+    const cudaError_t e = IgemmSm90Run(pr, op, math, args, s);
+    if (e != cudaErrorNotSupported) return e;
+  }
+  if (DeviceArch() >= 80 && IgemmSm80Supports(pr, op, math)) return IgemmSm80Run(pr, op, math, args, s);
+  return cudaErrorNotSupported;
+}
+
+}  // namespace
+
+size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+  if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return 0;
+  const IgemmProblem pr = ToProblem(p);
+  if (!AnyKernel(pr, op, MathFor(p, in), algo)) return 0;  // runs on the direct kernels
+  return StagingBytes(p, op, in) + KernelWorkspaceBytes(pr, op, MathFor(p, in), algo);
+}
+
+cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a,
+                            const void* b, const void* bias, void* out_buf, void* workspace,
+                            size_t workspace_bytes, cudaStream_t s) {
+  const size_t need = ImplicitGemmWorkspaceBytes(p, op, in, algo);
+  const bool fits = workspace != nullptr && workspace_bytes >= need && need > 0;
+  const bool same_out = op == CudaOp::kWgrad || out == in;
+  if (!fits || !same_out || XElements(p) == 0 || YElements(p) == 0 || WElements(p) == 0) {
+    return DirectFallback(p, op, in, out, a, b, bias, out_buf, s);
+  }
+  const IgemmProblem pr = ToProblem(p);
+  const IgemmMath math = MathFor(p, in);
+  char* staging = static_cast<char*>(workspace);
+  const size_t staging_bytes = StagingBytes(p, op, in);
+  IgemmArgs args;
+  args.workspace = staging + staging_bytes;
+  args.workspace_bytes = workspace_bytes - staging_bytes;
+  args.out_type = IgemmOut::kSame;
+  cudaError_t e = cudaSuccess;
+  if (op == CudaOp::kWgrad) {
+    args.a = a;
+    args.b = b;
+    args.out = staging;
+    e = RunKernels(pr, op, math, algo, args, s);
+    if (e == cudaErrorNotSupported) return DirectFallback(p, op, in, out, a, b, bias, out_buf, s);
+    if (e != cudaSuccess) return e;
+    return GradFromKtrsc(p, out, staging, out_buf, s);
+  }
+  if ((e = FilterToKtrsc(p, in, b, staging, s)) != cudaSuccess) return e;
+  args.a = a;
+  args.b = staging;
+  args.out = out_buf;
+  if (op == CudaOp::kFwd) {  // both kernel sets fuse y = act(acc + bias) into the fprop epilogue
+    args.bias = bias;
+    args.act = p.activation[0];
+  }
+  e = RunKernels(pr, op, math, algo, args, s);
+  if (e == cudaErrorNotSupported) return DirectFallback(p, op, in, out, a, b, bias, out_buf, s);
+  return e;
+}
+
+}  // namespace cuda
+}  // namespace jaxconv

@@ -1,0 +1,123 @@
+"""GPU checks of the tensor-core family (algorithm="implicit_gemm": the Hopper kernels where they apply, else
+the mma.sync ones; "implicit_gemm_sm80": the mma.sync kernels only), csrc/cuda/implicit_gemm.cu and
+igemm_sm80.cu / igemm_sm90.cu: fwd, data and filter gradients against a float64 reference on fresh random
+data, at channel counts on, over and under the kernels' tiles (8 .. 264), odd and prime spatial sizes,
+asymmetric padding, strides 1 and 2 (the Hopper kernels have no strided data gradient: those go to mma.sync),
+dilation, 1-D, 2-D and 3-D, every path's dtype (bf16, f16, f32 as TF32 at DEFAULT, 3xTF32 at HIGHEST).
+
+Tolerances (relative L2 vs float64): bf16/f16 1e-2 (the result is rounded to 8/11 bits); TF32 3e-3 (inputs
+rounded to 10-bit mantissas: ~5e-4 expected); 3xTF32 2e-5 (about FP32: the small parts' lost bits are below
+2^-21 of each operand). Skipped cleanly without CUDA."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import conv_utils as cu
+import jaxconv
+
+pytestmark = pytest.mark.gpu
+
+# (x shape channels-last, window, padding, dilation, stride, k)
+CASES = {
+    "res_3x3": ((2, 14, 14, 64), (3, 3), "SAME", (1, 1), (1, 1), 64),
+    "prime_asym_pad": ((3, 13, 17, 24), (3, 3), ((1, 2), (0, 1)), (1, 1), (1, 1), 40),
+    "stride2_3x3": ((2, 15, 15, 32), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 48),
+    "1x1_tile_plus8": ((4, 7, 9, 136), (1, 1), "VALID", (1, 1), (1, 1), 8),
+    "1x1_stride2": ((2, 14, 13, 64), (1, 1), "VALID", (1, 1), (2, 2), 128),
+    "dil2": ((1, 20, 21, 16), (3, 3), "SAME", (2, 2), (1, 1), 16),
+    "7x7_s2_c8": ((2, 30, 29, 8), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
+    "k264_c136": ((1, 9, 11, 136), (3, 3), "SAME", (1, 1), (1, 1), 264),
+    "valid_5x3": ((2, 11, 12, 48), (5, 3), "VALID", (1, 1), (1, 1), 56),
+    "conv1d": ((2, 101, 32), (5,), ((2, 2),), (1,), (1,), 24),
+    "conv3d": ((1, 5, 9, 10, 16), (3, 3, 3), "SAME", (1, 1, 1), (1, 1, 1), 16),
+}
+ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
+# dtype name -> (operand dtype, precision, tolerance)
+MATHS = {
+    "bf16": ("bfloat16", None, 1e-2),
+    "f16": ("float16", None, 1e-2),
+    "tf32": ("float32", "default", 3e-3),
+    "3xtf32": ("float32", "highest", 2e-5),
+}
+
+
+def _lax_kw(ns, stride, padding, dilation):
+  return dict(window_strides=stride, padding=padding, rhs_dilation=dilation,
+              dimension_numbers=cu.channels_last_dn(ns))
+
+
+def _conv_fn(ns):
+  return {1: jaxconv.conv1d, 2: jaxconv.conv2d, 3: jaxconv.conv3d}[ns]
+
+
+def _run(name, math, algo, rng):
+  shape, win, padding, dil, stride, k = CASES[name]
+  dtype, precision, tol = MATHS[math]
+  ns = len(shape) - 2
+  conv = functools.partial(_conv_fn(ns), stride=stride, padding=padding, dilation=dil, algorithm=algo,
+                           precision=precision)
+  with cu.gpu_context(dtype):
+    x = cu.to_gpu(cu.randn(rng, shape, dtype))
+    w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), dtype))
+    y = jax.jit(conv)(x, w)
+    ct = cu.to_gpu(cu.randn(rng, y.shape, dtype))
+    dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
+    x, w, ct, y, dx, dw = (np.asarray(a) for a in (x, w, ct, y, dx, dw))
+  kw = _lax_kw(ns, stride, padding, dil)
+  rdx, rdw = cu.ref_conv_vjp(x, w, ct, **kw)
+  errs = {"fwd": cu.rel_l2(y, cu.ref_conv(x, w, **kw)), "dgrad": cu.rel_l2(dx, rdx), "wgrad": cu.rel_l2(dw, rdw)}
+  for op, err in errs.items():
+    assert err <= tol, f"{op} {name} {math} {algo}: rel_l2={err:.3g} > {tol:g}"
+  return errs
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("math", sorted(MATHS))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_igemm_matches_reference(name, math, algo, rng):
+  _run(name, math, algo, rng)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_igemm_tf32_is_tensor_core_math(algo, rng):
+  """float32 at DEFAULT runs as TF32 (as lax on the GPU): its error is far above FP32's, so the op did not fall
+  back to the direct FP32 kernels; HIGHEST (3xTF32) on the same data is ~FP32-accurate."""
+  tf32 = _run("res_3x3", "tf32", algo, rng)
+  exact = _run("res_3x3", "3xtf32", algo, rng)
+  for op in ("fwd", "dgrad", "wgrad"):
+    assert tf32[op] > 3e-5, (op, tf32)  # TF32 rounding (~5e-4); FP32 FMA would give ~1e-7
+    assert exact[op] < tf32[op] / 10, (op, exact, tf32)
+
+
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
+def test_igemm_bias_activation(act, rng):
+  shape, win, padding, dil, stride, k = CASES["prime_asym_pad"]
+  x = cu.to_gpu(cu.randn(rng, shape, np.float32))
+  w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), np.float32))
+  b = cu.to_gpu(cu.randn(rng, (k,), np.float32))
+  y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, dilation=dil, activation=act,
+                                algorithm="implicit_gemm", precision="highest"))(x, w, b)
+  ref = cu.activation_ref(
+      cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(2, stride, padding, dil)) + cu.f64(np.asarray(b)), act)
+  cu.assert_close(y, ref, MATHS["3xtf32"][2], f"act={act}")
+
+
+def test_igemm_is_auto_choice_and_deterministic(rng):
+  """A dense bf16 layer takes the tensor cores by default, equal to the forced choice, bit for bit on reruns."""
+  x = cu.to_gpu(cu.randn(rng, (4, 28, 28, 128), jnp.bfloat16))
+  w = cu.to_gpu(cu.randn(rng, (3, 3, 128, 128), jnp.bfloat16))
+  f = functools.partial(jaxconv.conv2d, padding="SAME")
+  forced = jax.jit(functools.partial(f, algorithm="implicit_gemm"))
+  y1, y2 = np.asarray(forced(x, w)), np.asarray(forced(x, w))
+  assert np.array_equal(y1, y2)
+  assert np.array_equal(np.asarray(jax.jit(f)(x, w)), y1)
+  loss = lambda x, w: jnp.sum(jnp.sin(f(x, w, algorithm="implicit_gemm").astype(jnp.float32)))
+  g = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  (a1, b1), (a2, b2) = g(x, w), g(x, w)
+  assert np.array_equal(np.asarray(a1), np.asarray(a2)) and np.array_equal(np.asarray(b1), np.asarray(b2))
