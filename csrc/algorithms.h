@@ -60,16 +60,25 @@ struct ElemBytes {
   int out = 4;
 };
 
+// The tensor-core kernels read 16-byte channel vectors: channel counts are multiples of this many elements.
+inline int64_t ImplicitGemmAlign(int in_bytes) { return 16 / in_bytes; }
+// Input channels as the kernels see them: c rounded up to the alignment (implicit_gemm.cu zero-pads x and w).
+inline int64_t ImplicitGemmPaddedC(const ConvParams& p, int in_bytes) {
+  const int64_t a = ImplicitGemmAlign(in_bytes);
+  return (p.c[0] + a - 1) / a * a;
+}
+
 // Tensor cores (implicit GEMM, igemm.h): channels-last, groups == batch_groups == 1, no lhs dilation, padding
-// >= 0, 16-bit or f32 operands with the result in the operand type, channel counts that keep every channel
-// row 16-byte aligned (multiples of 8 for 16-bit, 4 for f32), 32-bit GEMM extents. Conditions of single kernels
-// (the Hopper kernels' unit-stride data gradient, say) are checked again when the op runs; what no tensor-core
-// kernel takes then runs on the direct kernels.
+// >= 0, 16-bit or f32 operands with the result in the operand type, k a multiple of 8 (16-bit) or 4 (f32) so
+// every output row is 16-byte aligned (c is zero-padded to that multiple), 32-bit GEMM extents. Conditions of
+// single kernels (the Hopper kernels' unit-stride data gradient, say) are checked again when the op runs; what
+// no tensor-core kernel takes then runs on the direct kernels.
 inline bool ImplicitGemmApplies(const ConvParams& p, ElemBytes eb) {
   if (p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
   if ((eb.in != 2 && eb.in != 4) || eb.out != eb.in) return false;
-  const int64_t align = 16 / eb.in;
-  if (p.c[0] < align || p.k[0] < align || p.c[0] % align != 0 || p.k[0] % align != 0) return false;
+  const int64_t align = ImplicitGemmAlign(eb.in);
+  if (p.c[0] < 1 || p.k[0] < align || p.k[0] % align != 0) return false;
+  const int64_t cp = ImplicitGemmPaddedC(p, eb.in);
   for (int d = 0; d < 3; ++d) {
     if (p.lhs_dil[d] != 1 || p.pad_lo[d] < 0 || p.pad_hi[d] < 0) return false;
     if (p.in[d] < 1 || p.win[d] < 1 || p.out[d] < 1) return false;
@@ -77,9 +86,9 @@ inline bool ImplicitGemmApplies(const ConvParams& p, ElemBytes eb) {
   if (p.n[0] < 1) return false;
   const int64_t kMax = (int64_t(1) << 31) - 1;
   const int64_t m_fwd = p.n[0] * SpatialCount(p.out), m_dgrad = p.n[0] * SpatialCount(p.in);
-  const int64_t k_fwd = SpatialCount(p.win) * p.c[0], k_dgrad = SpatialCount(p.win) * p.k[0];
+  const int64_t k_fwd = SpatialCount(p.win) * cp, k_dgrad = SpatialCount(p.win) * p.k[0];
   return m_fwd <= kMax && m_dgrad <= kMax && k_fwd <= kMax && k_dgrad <= kMax &&
-         XElements(p) <= kMax && YElements(p) <= kMax;
+         XElements(p) / p.c[0] * cp <= kMax && YElements(p) <= kMax;
 }
 
 // The algorithm to run for p.algorithm (kAlgoAuto picks by the predicates), or -1 with *why saying which
@@ -90,6 +99,8 @@ inline int64_t ResolveAlgorithm(const ConvParams& p, ElemBytes eb, std::string* 
       // Long 1-D windows keep the tiled long1d kernel; small channel counts (including c == k == 1, which
       // DepthwiseApplies also accepts) take small_channel; then depthwise; else direct.
       if (Long1DApplies(p) && p.win[2] >= 64) return kAlgoLong1D;
+      // Tensor cores beat the small-channel kernels once there are 32+ outputs per pixel (first layers: 3 -> 64).
+      if (p.k[0] >= 32 && ImplicitGemmApplies(p, eb)) return kAlgoImplicitGemm;
       if (SmallChannelApplies(p)) return kAlgoSmallChannel;
       if (DepthwiseApplies(p)) return kAlgoDepthwise;
       if (ImplicitGemmApplies(p, eb)) return kAlgoImplicitGemm;
@@ -114,8 +125,8 @@ inline int64_t ResolveAlgorithm(const ConvParams& p, ElemBytes eb, std::string* 
       if (ImplicitGemmApplies(p, eb)) return p.algorithm[0];
       *why = std::string("algorithm=") + (p.algorithm[0] == kAlgoImplicitGemm ? "implicit_gemm" : "implicit_gemm_sm80") +
              " requires channels-last layout, groups == batch_groups == 1, no lhs "
-             "dilation, padding >= 0, bfloat16/float16/float32 operands with the result in that dtype, and c and "
-             "k multiples of 8 (16-bit) or 4 (float32)";
+             "dilation, padding >= 0, bfloat16/float16/float32 operands with the result in that dtype, and k a "
+             "multiple of 8 (16-bit) or 4 (float32)";
       return -1;
     default:
       *why = "unknown algorithm " + std::to_string(p.algorithm[0]);

@@ -227,7 +227,7 @@ def test_convnd_algorithm_unknown():
     ("depthwise", (2, 6, 6, 4), (3, 3, 4, 4), {}, "groups == c == k"),         # dense
     ("small", (2, 6, 6, 32), (3, 3, 32, 4), {}, "c <= 16"),                    # too many input channels
     ("small", (2, 4, 6, 6), (4, 4, 3, 3), dict(data_format="channels_first"), "channels-last"),
-    ("implicit_gemm", (2, 6, 6, 67), (3, 3, 67, 8), {}, "multiples of 8"),     # unaligned channels
+    ("implicit_gemm", (2, 6, 6, 8), (3, 3, 8, 67), {}, "k a multiple of 8"),   # unaligned output channels
     ("implicit_gemm", (2, 6, 6, 8), (3, 3, 1, 8), dict(groups=8), "groups"),  # grouped
     ("implicit_gemm_sm80", (2, 4, 6, 6), (8, 4, 3, 3), dict(data_format="channels_first"), "channels-last"),
 ])
@@ -247,6 +247,7 @@ def test_forced_algorithm_that_does_not_apply_fails_at_trace_time(algorithm, x_s
     ("direct", (2, 6, 6, 4), (3, 3, 4, 4), {}),
     ("implicit_gemm", (2, 6, 6, 8), (3, 3, 8, 16), {}),
     ("implicit_gemm_sm80", (2, 9, 12), (3, 12, 4), {}),
+    ("implicit_gemm", (2, 9, 9, 3), (3, 3, 3, 8), {}),  # c is zero-padded to the alignment
 ])
 def test_forced_algorithm_that_applies_runs(algorithm, x_shape, w_shape, kw):
   """The trace-time check accepts problems the family supports (and the result is lax's)."""

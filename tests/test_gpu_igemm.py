@@ -1,7 +1,8 @@
 """GPU checks of the tensor-core family (algorithm="implicit_gemm": the Hopper kernels where they apply, else
 the mma.sync ones; "implicit_gemm_sm80": the mma.sync kernels only), csrc/cuda/implicit_gemm.cu and
 igemm_sm80.cu / igemm_sm90.cu: fwd, data and filter gradients against a float64 reference on fresh random
-data, at channel counts on, over and under the kernels' tiles (8 .. 264), odd and prime spatial sizes,
+data, at channel counts on, over and under the kernels' tiles (8 .. 264), input channels off the alignment
+(1, 3, 67: zero-padded), odd and prime spatial sizes,
 asymmetric padding, strides 1 and 2 (the Hopper kernels have no strided data gradient: those go to mma.sync),
 dilation, 1-D, 2-D and 3-D, every path's dtype (bf16, f16, f32 as TF32 at DEFAULT, 3xTF32 at HIGHEST).
 
@@ -36,6 +37,10 @@ CASES = {
     "valid_5x3": ((2, 11, 12, 48), (5, 3), "VALID", (1, 1), (1, 1), 56),
     "conv1d": ((2, 101, 32), (5,), ((2, 2),), (1,), (1,), 24),
     "conv3d": ((1, 5, 9, 10, 16), (3, 3, 3), "SAME", (1, 1, 1), (1, 1, 1), 16),
+    # input channels off the 16-byte alignment: zero-padded to it in the workspace (x, w; dx cropped back)
+    "c3_7x7_s2_first_layer": ((2, 37, 41, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
+    "c1_k8": ((2, 17, 19, 1), (3, 3), "SAME", (1, 1), (1, 1), 8),
+    "c67_k72": ((1, 9, 10, 67), (3, 3), ((1, 0), (1, 1)), (1, 1), (1, 1), 72),
 }
 ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
 # dtype name -> (operand dtype, precision, tolerance)

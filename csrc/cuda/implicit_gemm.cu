@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "algorithms.h"
 #include "cuda/common.cuh"
 #include "cuda/igemm.h"
 
@@ -20,10 +21,13 @@ namespace {
 constexpr size_t kAlign = 256;
 size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-IgemmProblem ToProblem(const ConvParams& p) {
+size_t InBytes(DT in) { return in == DT::kF32 ? 4 : 2; }
+
+// The problem the kernels see: input channels padded to the alignment (ImplicitGemmPaddedC).
+IgemmProblem ToProblem(const ConvParams& p, DT in) {
   IgemmProblem pr;
   pr.n = p.n[0];
-  pr.c = p.c[0];
+  pr.c = ImplicitGemmPaddedC(p, static_cast<int>(InBytes(in)));
   pr.k = p.k[0];
   for (int d = 0; d < 3; ++d) {
     pr.in[d] = p.in[d];
@@ -46,8 +50,6 @@ IgemmMath MathFor(const ConvParams& p, DT in) {
   }
 }
 
-size_t InBytes(DT in) { return in == DT::kF32 ? 4 : 2; }
-
 // Compute capability major*10+minor of the current device, cached per device (a handler must not synchronise;
 // attribute queries do not).
 int DeviceArch() {
@@ -68,9 +70,20 @@ int DeviceArch() {
   return v;
 }
 
-// Region sizes: [filter staging: fwd/dgrad the KTRSC filter, wgrad the f32 KTRSC gradient][kernel workspace].
-size_t StagingBytes(const ConvParams& p, CudaOp op, DT in) {
-  return AlignUp(static_cast<size_t>(WElements(p)) * (op == CudaOp::kWgrad ? 4 : InBytes(in)));
+// The workspace: [filter: fwd/dgrad the KTRSC filter, wgrad the f32 KTRSC gradient (both with the padded c)]
+// [padded activations, when c is not aligned: fwd/wgrad x, dgrad dx][kernel workspace].
+struct Staging {
+  size_t filter = 0, act = 0;
+  size_t bytes() const { return filter + act; }
+};
+
+Staging StagingOf(const ConvParams& p, CudaOp op, DT in) {
+  const int64_t cp = ImplicitGemmPaddedC(p, static_cast<int>(InBytes(in)));
+  const size_t wp = static_cast<size_t>(p.k[0] * SpatialCount(p.win) * cp);
+  Staging st;
+  st.filter = AlignUp(wp * (op == CudaOp::kWgrad ? 4 : InBytes(in)));
+  if (cp != p.c[0]) st.act = AlignUp(static_cast<size_t>(p.n[0] * SpatialCount(p.in) * cp) * InBytes(in));
+  return st;
 }
 
 bool AnyKernel(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_t algo) {
@@ -121,25 +134,60 @@ cudaError_t BatchedTranspose(const void* in, void* out, int64_t rows, int64_t co
   return cudaGetLastError();
 }
 
-// (T, R, S, C, K) -> (K, T, R, S, C), same dtype: per tap a (C x K) -> (K x C) transpose.
-cudaError_t FilterToKtrsc(const ConvParams& p, DT in, const void* w, void* dst, cudaStream_t s) {
+// (T, R, S, C, K) -> (K, T, R, S, Cp), same dtype: per tap a (C x K) -> (K x C) transpose into rows of Cp
+// (the padding channels, c..Cp-1, zeroed first).
+cudaError_t FilterToKtrsc(const ConvParams& p, DT in, int64_t cp, const void* w, void* dst, cudaStream_t s) {
   const int64_t taps = SpatialCount(p.win), c = p.c[0], k = p.k[0];
-  if (in == DT::kF32) return BatchedTranspose<float, float>(w, dst, c, k, taps, c * k, k, c, taps * c, s);
-  if (in == DT::kBF16) {
-    return BatchedTranspose<__nv_bfloat16, __nv_bfloat16>(w, dst, c, k, taps, c * k, k, c, taps * c, s);
+  if (cp != c) {
+    if (cudaError_t e = cudaMemsetAsync(dst, 0, static_cast<size_t>(k * taps * cp) * InBytes(in), s); e != cudaSuccess) {
+      return e;
+    }
   }
-  return BatchedTranspose<__half, __half>(w, dst, c, k, taps, c * k, k, c, taps * c, s);
+  if (in == DT::kF32) return BatchedTranspose<float, float>(w, dst, c, k, taps, c * k, k, cp, taps * cp, s);
+  if (in == DT::kBF16) {
+    return BatchedTranspose<__nv_bfloat16, __nv_bfloat16>(w, dst, c, k, taps, c * k, k, cp, taps * cp, s);
+  }
+  return BatchedTranspose<__half, __half>(w, dst, c, k, taps, c * k, k, cp, taps * cp, s);
 }
 
-// f32 (K, T, R, S, C) -> (T, R, S, C, K) in the result dtype: per tap a (K x C) -> (C x K) transpose.
-cudaError_t GradFromKtrsc(const ConvParams& p, DT out, const void* src, void* dw, cudaStream_t s) {
+// f32 (K, T, R, S, Cp) -> (T, R, S, C, K) in the result dtype: per tap a (K x C) -> (C x K) transpose (the
+// padding channels' gradients are dropped).
+cudaError_t GradFromKtrsc(const ConvParams& p, DT out, int64_t cp, const void* src, void* dw, cudaStream_t s) {
   const int64_t taps = SpatialCount(p.win), c = p.c[0], k = p.k[0];
   switch (out) {
-    case DT::kF32: return BatchedTranspose<float, float>(src, dw, k, c, taps, c, taps * c, c * k, k, s);
-    case DT::kBF16: return BatchedTranspose<float, __nv_bfloat16>(src, dw, k, c, taps, c, taps * c, c * k, k, s);
-    case DT::kF16: return BatchedTranspose<float, __half>(src, dw, k, c, taps, c, taps * c, c * k, k, s);
+    case DT::kF32: return BatchedTranspose<float, float>(src, dw, k, c, taps, cp, taps * cp, c * k, k, s);
+    case DT::kBF16: return BatchedTranspose<float, __nv_bfloat16>(src, dw, k, c, taps, cp, taps * cp, c * k, k, s);
+    case DT::kF16: return BatchedTranspose<float, __half>(src, dw, k, c, taps, cp, taps * cp, c * k, k, s);
     default: return cudaErrorInvalidValue;
   }
+}
+
+// out[r*ow + j] = j < width ? in[r*iw + j] : 0 for j < ow: pads channel rows with zeros (iw = width < ow) or
+// crops them (ow = width < iw). Elements are moved as 16-bit or 32-bit words.
+template <class T>
+__global__ void CopyChannelsKernel(const T* __restrict__ in, T* __restrict__ out, int64_t rows, int64_t iw,
+                                   int64_t ow, int64_t width) {
+  const int64_t count = rows * ow;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / ow, j = e - r * ow;
+    out[e] = j < width ? in[r * iw + j] : T(0);
+  }
+}
+
+cudaError_t CopyChannels(DT in, const void* src, void* dst, int64_t rows, int64_t iw, int64_t ow, int64_t width,
+                         cudaStream_t s) {
+  const int64_t count = rows * ow;
+  if (count == 0) return cudaSuccess;
+  const unsigned grid = GridX(std::min<int64_t>(CeilDiv(count, 256), kPlanSms * 16));
+  if (in == DT::kF32) {
+    CopyChannelsKernel<<<grid, 256, 0, s>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), rows,
+                                            iw, ow, width);
+  } else {
+    CopyChannelsKernel<<<grid, 256, 0, s>>>(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), rows,
+                                            iw, ow, width);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t DirectFallback(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,
@@ -151,17 +199,31 @@ cudaError_t DirectFallback(const ConvParams& p, CudaOp op, DT in, DT out, const 
   }
 }
 
+// Whether the Hopper kernels should run a problem they support. Measured on the H100 (ResNet-50 layers, bf16,
+// batch 32 and 128, jaxconv.autotune; benchmarks/algorithm_survey.py): the mma.sync kernels' narrow tiles win
+// the fprop with short reductions (1x1 layers with c <= 512) or k < 128, and the dgrad with c < 128 (one
+// consumer warpgroup's epilogue dominates short mainloops); the Hopper kernels win every filter gradient.
+bool PreferSm90(const IgemmProblem& pr, CudaOp op) {
+  switch (op) {
+    case CudaOp::kFwd: return pr.k >= 128 && pr.c * pr.win[0] * pr.win[1] * pr.win[2] >= 576;
+    case CudaOp::kDgrad: return pr.c >= 128;
+    default: return true;
+  }
+}
+
 // Runs the GEMM on the first kernel set that takes it; cudaErrorNotSupported when none does (nothing was
 // enqueued then).
 cudaError_t RunKernels(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_t algo, const IgemmArgs& args,
                        cudaStream_t s) {
   const size_t kernel_ws = KernelWorkspaceBytes(pr, op, math, algo);
   if (args.workspace_bytes < kernel_ws) return cudaErrorNotSupported;
-  if (algo == kAlgoImplicitGemm && DeviceArch() == 90 && IgemmSm90Supports(pr, op, math)) {
+  const bool sm80_ok = DeviceArch() >= 80 && IgemmSm80Supports(pr, op, math);
+  if (algo == kAlgoImplicitGemm && DeviceArch() == 90 && IgemmSm90Supports(pr, op, math) &&
+      (PreferSm90(pr, op) || !sm80_ok)) {
     const cudaError_t e = IgemmSm90Run(pr, op, math, args, s);
     if (e != cudaErrorNotSupported) return e;
   }
-  if (DeviceArch() >= 80 && IgemmSm80Supports(pr, op, math)) return IgemmSm80Run(pr, op, math, args, s);
+  if (sm80_ok) return IgemmSm80Run(pr, op, math, args, s);
   return cudaErrorNotSupported;
 }
 
@@ -169,9 +231,9 @@ cudaError_t RunKernels(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_
 
 size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return 0;
-  const IgemmProblem pr = ToProblem(p);
+  const IgemmProblem pr = ToProblem(p, in);
   if (!AnyKernel(pr, op, MathFor(p, in), algo)) return 0;  // runs on the direct kernels
-  return StagingBytes(p, op, in) + KernelWorkspaceBytes(pr, op, MathFor(p, in), algo);
+  return StagingOf(p, op, in).bytes() + KernelWorkspaceBytes(pr, op, MathFor(p, in), algo);
 }
 
 cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a,
@@ -183,35 +245,42 @@ cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64
   if (!fits || !same_out || XElements(p) == 0 || YElements(p) == 0 || WElements(p) == 0) {
     return DirectFallback(p, op, in, out, a, b, bias, out_buf, s);
   }
-  const IgemmProblem pr = ToProblem(p);
+  const IgemmProblem pr = ToProblem(p, in);
   const IgemmMath math = MathFor(p, in);
-  char* staging = static_cast<char*>(workspace);
-  const size_t staging_bytes = StagingBytes(p, op, in);
+  const Staging st = StagingOf(p, op, in);
+  char* filter = static_cast<char*>(workspace);
+  char* act = filter + st.filter;  // padded x (fwd, wgrad) or dx (dgrad) when c is not aligned
+  const bool padded = pr.c != p.c[0];
+  const int64_t pixels = p.n[0] * SpatialCount(p.in);
   IgemmArgs args;
-  args.workspace = staging + staging_bytes;
-  args.workspace_bytes = workspace_bytes - staging_bytes;
+  args.workspace = filter + st.bytes();
+  args.workspace_bytes = workspace_bytes - st.bytes();
   args.out_type = IgemmOut::kSame;
   cudaError_t e = cudaSuccess;
+  args.a = a;
+  if (op != CudaOp::kDgrad && padded) {  // x is fwd's and wgrad's first operand
+    if ((e = CopyChannels(in, a, act, pixels, p.c[0], pr.c, p.c[0], s)) != cudaSuccess) return e;
+    args.a = act;
+  }
   if (op == CudaOp::kWgrad) {
-    args.a = a;
     args.b = b;
-    args.out = staging;
+    args.out = filter;
     e = RunKernels(pr, op, math, algo, args, s);
     if (e == cudaErrorNotSupported) return DirectFallback(p, op, in, out, a, b, bias, out_buf, s);
     if (e != cudaSuccess) return e;
-    return GradFromKtrsc(p, out, staging, out_buf, s);
+    return GradFromKtrsc(p, out, pr.c, filter, out_buf, s);
   }
-  if ((e = FilterToKtrsc(p, in, b, staging, s)) != cudaSuccess) return e;
-  args.a = a;
-  args.b = staging;
-  args.out = out_buf;
+  if ((e = FilterToKtrsc(p, in, pr.c, b, filter, s)) != cudaSuccess) return e;
+  args.b = filter;
+  args.out = op == CudaOp::kDgrad && padded ? static_cast<void*>(act) : out_buf;
   if (op == CudaOp::kFwd) {  // both kernel sets fuse y = act(acc + bias) into the fprop epilogue
     args.bias = bias;
     args.act = p.activation[0];
   }
   e = RunKernels(pr, op, math, algo, args, s);
   if (e == cudaErrorNotSupported) return DirectFallback(p, op, in, out, a, b, bias, out_buf, s);
-  return e;
+  if (e != cudaSuccess || !(op == CudaOp::kDgrad && padded)) return e;
+  return CopyChannels(in, act, out_buf, pixels, pr.c, p.c[0], p.c[0], s);  // drop dx's padding channels
 }
 
 }  // namespace cuda
