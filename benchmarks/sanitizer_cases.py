@@ -36,6 +36,13 @@ CASES = [
     ("small 16to1 dilated", 2, (1, 67, 71, 16), (3, 3), 1, 1, (1, 1), (2, 2), "SAME", "small"),
     ("small 1to4 odd tile", 2, (3, 12, 13, 1), (2, 4), 4, 1, (1, 1), (1, 1), ((1, 0), (-1, 4)), "small"),
     ("auto 2d", 2, (2, 12, 12, 3), (3, 3), 16, 1, (1, 1), (2, 2), "SAME", "auto"),
+    # tensor cores: bf16 reaches the Hopper kernels, float32 HIGHEST the mma.sync 3xTF32 ones
+    ("igemm 2d", 2, (2, 13, 11, 16), (3, 3), 24, 1, (1, 1), (1, 1), "SAME", "implicit_gemm"),
+    ("igemm sm80 strided", 2, (2, 15, 14, 8), (3, 3), 16, 1, (2, 2), (1, 1), ((1, 0), (1, 1)),
+     "implicit_gemm_sm80"),
+    ("igemm first layer c3", 2, (2, 23, 21, 3), (7, 7), 64, 1, (2, 2), (1, 1), ((3, 3), (3, 3)), "implicit_gemm"),
+    ("igemm 1x1 split wgrad", 2, (4, 28, 28, 64), (1, 1), 128, 1, (1, 1), (1, 1), "VALID", "implicit_gemm"),
+    ("igemm 3d", 3, (1, 4, 9, 10, 8), (3, 3, 3), 16, 1, (1, 1, 1), (1, 1, 1), "SAME", "implicit_gemm"),
 ]
 
 
