@@ -1,0 +1,166 @@
+"""benchmarks/resnet_step.py: the quick run of the ResNet training-step benchmark, on the CPU.
+
+ResNet-18 runs the whole script (both backends, checks, timing, outputs) in-process; ResNet-50's step is
+checked as lowered StableHLO only (its CPU compile alone takes ~20 s on two cores), which still covers its
+model definition, parameter tree and that every one of its convolutions goes to jaxconv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("flax")
+pytest.importorskip("optax")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import resnet_step  # noqa: E402
+
+# torchvision's counts for the same models (conv kernels, BN scales and offsets, dense head with bias).
+NUM_PARAMS = {"resnet18": 11_689_512, "resnet50": 25_557_032}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("resnet")
+  result = resnet_step.main(["--quick", "--models", "resnet18", "--out", str(out), "--commit", "abc1234"])
+  return result, out
+
+
+def test_quick_run_both_backends(quick_run):
+  result, _ = quick_run
+  assert result["ok"]
+  (r,) = result["results"]
+  assert r["model"] == "resnet18" and list(r["backends"]) == ["jaxconv", "lax"]
+  assert r["same_param_tree"] and r["num_params"] == NUM_PARAMS["resnet18"]
+  for b, v in r["backends"].items():
+    assert v["steps"] == 3 and v["repeats"] == 2 and len(v["step_times_s"]) == 2, b
+    assert all(t > 0 for t in v["step_times_s"]), b
+    assert v["min_ms"] <= v["median_ms"] <= v["max_ms"], b
+    assert v["images_per_s"] == pytest.approx(2 / (v["median_ms"] / 1e3)), b
+  jc, lx = r["backends"]["jaxconv"], r["backends"]["lax"]
+  assert r["ratio_lax_over_jaxconv"] == pytest.approx(lx["median_ms"] / jc["median_ms"])
+  assert r["ratio_paired_min"] <= r["ratio_paired_max"]
+
+
+def test_quick_run_losses_agree_and_decrease(quick_run):
+  (r,) = quick_run[0]["results"]
+  jc = np.asarray(r["backends"]["jaxconv"]["check_losses"])
+  lx = np.asarray(r["backends"]["lax"]["check_losses"])
+  assert len(jc) == len(lx) == 3 and np.all(np.isfinite(jc)) and np.all(np.isfinite(lx))
+  # Same start, same batch: bf16 rounding apart, the same losses. Tighter than the quick run's own
+  # tolerances (set for ResNet-50 at batch 2); measured here: first loss 7e-6, all steps 2e-2 of the first.
+  assert r["loss_check"]
+  assert r["loss_first_rel_diff"] == pytest.approx(abs(jc[0] - lx[0]) / lx[0]) and r["loss_first_rel_diff"] < 1e-2
+  assert r["loss_max_rel_diff"] == pytest.approx(np.max(np.abs(jc - lx)) / lx[0]) and r["loss_max_rel_diff"] < 5e-2
+  # Training on one fixed batch: the loss falls at every step, on both backends.
+  for losses in (jc, lx):
+    assert np.all(np.diff(losses) < 0), losses
+  for b in ("jaxconv", "lax"):
+    assert r["backends"][b]["final_loss"] < r["backends"][b]["check_losses"][-1], b
+
+
+def test_quick_run_hlo_convolutions(quick_run):
+  (r,) = quick_run[0]["results"]
+  n = resnet_step.num_convs("resnet18")
+  assert n == 20
+  # jaxconv: a forward, a filter gradient and (except for the stem) a data gradient call per conv, and
+  # nothing else convolving. lax: XLA's own convolution ops on the CPU, cuDNN calls on a GPU.
+  assert r["backends"]["jaxconv"]["hlo"] == {"jaxconv_custom_calls": 3 * n - 1, "cudnn_convs": 0,
+                                             "hlo_convolutions": 0}
+  assert r["hlo_count_check"] is True
+  lax_hlo = r["backends"]["lax"]["hlo"]
+  assert lax_hlo["jaxconv_custom_calls"] == 0
+  assert lax_hlo["cudnn_convs"] + lax_hlo["hlo_convolutions"] == 3 * n - 1, lax_hlo
+  assert 0 in (lax_hlo["cudnn_convs"], lax_hlo["hlo_convolutions"]), lax_hlo
+
+
+def test_quick_run_outputs(quick_run):
+  result, out = quick_run
+  data = json.loads((out / "results.json").read_text())
+  meta = data["meta"]
+  for key in ("date", "gpu", "jax", "jaxlib", "jaxconv_build_info", "git_commit", "config"):
+    assert key in meta, key
+  assert meta["git_commit"] == "abc1234" and meta["gpu"] == jax.devices()[0].device_kind
+  assert meta["config"]["batch"] == 2 and meta["config"]["image"] == 64
+  assert meta["config"]["dtype"] == "bfloat16"
+  assert data["results"] == json.loads(json.dumps(result["results"]))
+  md = (out / "results.md").read_text()
+  assert "| model | backend | ms/step (median) |" in md and "abc1234" in md
+  assert "| resnet18 | jaxconv |" in md and "| resnet18 | lax |" in md
+  assert f"**{data['results'][0]['ratio_lax_over_jaxconv']:.3f}**" in md
+
+
+def test_resnet50_tree_and_lowered_step():
+  """ResNet-50 (v1.5) without compiling: parameter trees, parameter count, and the convolutions of the
+  lowered training step of each backend."""
+  x = jax.ShapeDtypeStruct((2, 64, 64, 3), jnp.bfloat16)
+  y = jax.ShapeDtypeStruct((2,), jnp.int32)
+  tx = resnet_step.make_optimizer(0.01, 1e-4)
+  n = resnet_step.num_convs("resnet50")
+  assert n == 53
+  trees, n_params, texts = {}, {}, {}
+  for b in resnet_step.BACKENDS:
+    model = resnet_step.make_model("resnet50", b)
+    variables = jax.eval_shape(lambda k, m=model: m.init(k, jnp.zeros((1, 64, 64, 3), jnp.bfloat16),
+                                                          train=False), jax.random.key(0))
+    trees[b] = (jax.tree.structure(variables), [(a.shape, a.dtype) for a in jax.tree.leaves(variables)])
+    params = variables["params"]
+    n_params[b] = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
+    state = (params, variables["batch_stats"], jax.eval_shape(tx.init, params))
+    texts[b] = jax.jit(resnet_step.make_train_step(model, tx)).lower(state, x, y).as_text()
+  assert trees["jaxconv"] == trees["lax"]
+  assert n_params == {"jaxconv": NUM_PARAMS["resnet50"], "lax": NUM_PARAMS["resnet50"]}
+  jc, lx = texts["jaxconv"], texts["lax"]
+  assert jc.count("custom_call @jaxconv_fwd") == n and jc.count("custom_call @jaxconv_wgrad") == n
+  assert jc.count("custom_call @jaxconv_dgrad") == n - 1  # the images are not differentiated
+  assert "stablehlo.convolution" not in jc
+  assert lx.count("stablehlo.convolution") == 3 * n - 1 and "jaxconv_" not in lx
+
+
+def test_check_jaxconv_hlo():
+  n = 3 * resnet_step.num_convs("resnet18") - 1
+  assert resnet_step.check_jaxconv_hlo("resnet18", {"jaxconv_custom_calls": n, "cudnn_convs": 0,
+                                                    "hlo_convolutions": 0}) is True
+  assert resnet_step.check_jaxconv_hlo("resnet18", {"jaxconv_custom_calls": n + 1, "cudnn_convs": 0,
+                                                    "hlo_convolutions": 0}) is False
+  for bad in ({"jaxconv_custom_calls": n, "cudnn_convs": 1, "hlo_convolutions": 0},
+              {"jaxconv_custom_calls": n, "cudnn_convs": 0, "hlo_convolutions": 2},
+              {"jaxconv_custom_calls": 0, "cudnn_convs": 0, "hlo_convolutions": 0}):
+    with pytest.raises(AssertionError, match="does not run all its convolutions on jaxconv"):
+      resnet_step.check_jaxconv_hlo("resnet18", bad)
+
+
+def test_hlo_counts_on_gpu_style_text():
+  """The cuDNN pattern, which the CPU run cannot exercise, on the text form XLA:GPU prints."""
+  hlo = """
+  %cudnn-conv.1 = (bf16[128,56,56,64]{3,2,1,0}, u8[0]{0}) custom-call(%p0, %p1),
+      window={size=3x3 pad=1_1x1_1}, custom_call_target="__cudnn$convForward"
+  %cudnn-conv-bw-filter = (bf16[3,3,64,64]{3,2,1,0}, u8[0]{0}) custom-call(%a, %b),
+      custom_call_target="__cudnn$convBackwardFilter"
+  %cudnn-conv-bias-activation = (bf16[128,56,56,64]{3,2,1,0}, u8[0]{0}) custom-call(%a, %b, %c),
+      custom_call_target="__cudnn$convBiasActivationForward"
+  %jaxconv_fwd_local = bf16[2,8,8,4]{3,2,1,0} custom-call(%x, %w), custom_call_target="jaxconv_fwd"
+  %convolution.3 = f32[2,8,8,4]{3,2,1,0} convolution(f32[2,8,8,3]{3,2,1,0} %x, f32[3,3,3,4]{3,2,1,0} %w)
+  %cublas-gemm.1 = bf16[128,1000]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm"
+  """
+  assert resnet_step.hlo_counts(hlo) == {"jaxconv_custom_calls": 1, "cudnn_convs": 3, "hlo_convolutions": 1}
+
+
+def test_arguments():
+  args = resnet_step.parse_args(["--quick"])
+  assert (args.batch, args.image, args.models, args.backends) == (2, 64, ["resnet18", "resnet50"],
+                                                                  ["jaxconv", "lax"])
+  assert args.lr == pytest.approx(0.1 * 2 / 256) and (args.loss_rtol, args.loss_rtol_steps) == (0.1, 0.15)
+  args = resnet_step.parse_args(["--models", "resnet50", "--batch", "128", "--dtype", "bfloat16", "--steps", "7"])
+  assert (args.batch, args.image, args.steps, args.budget, args.models) == (128, 224, 7, 60.0, ["resnet50"])
+  assert args.lr == pytest.approx(0.05) and (args.loss_rtol, args.loss_rtol_steps) == (2e-2, 5e-2)
+  for bad in (["--models", "resnet34"], ["--backends", "cudnn"], ["--backends", "lax,lax"], ["--steps", "0"]):
+    with pytest.raises(SystemExit):
+      resnet_step.parse_args(bad)
