@@ -41,6 +41,12 @@ CASES = {
     "c3_7x7_s2_first_layer": ((2, 37, 41, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
     "c1_k8": ((2, 17, 19, 1), (3, 3), "SAME", (1, 1), (1, 1), 8),
     "c67_k72": ((1, 9, 10, 67), (3, 3), ((1, 0), (1, 1)), (1, 1), (1, 1), 72),
+    # 1x1 stride 1: plain GEMMs on the Hopper (gemm1x1_sm90.cu, 16-bit operands), odd M (pixels), c/k over and
+    # under the 128 tiles; 1x1_gemm_split's M = 97*101 makes the filter gradient split over M with a tail range.
+    "1x1_gemm_c64_k256": ((3, 7, 9, 64), (1, 1), "VALID", (1, 1), (1, 1), 256),
+    "1x1_gemm_c256_k64": ((2, 13, 11, 256), (1, 1), "VALID", (1, 1), (1, 1), 64),
+    "1x1_gemm_c520_k136": ((1, 5, 5, 520), (1, 1), "VALID", (1, 1), (1, 1), 136),
+    "1x1_gemm_split": ((1, 97, 101, 64), (1, 1), "VALID", (1, 1), (1, 1), 128),
 }
 ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
 # dtype name -> (operand dtype, precision, tolerance)
@@ -111,6 +117,37 @@ def test_igemm_bias_activation(act, rng):
   ref = cu.activation_ref(
       cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(2, stride, padding, dil)) + cu.f64(np.asarray(b)), act)
   cu.assert_close(y, ref, MATHS["3xtf32"][2], f"act={act}")
+
+
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_igemm_1x1_gemm_bias_activation(act, dtype, rng):
+  """The 1x1 GEMM path's fused epilogue: y = act(x @ w + b) per output channel, 16-bit operands."""
+  shape, k = (2, 13, 11, 256), 136
+  with cu.gpu_context(dtype):
+    x = cu.to_gpu(cu.randn(rng, shape, dtype))
+    w = cu.to_gpu(cu.randn(rng, (1, 1, shape[-1], k), dtype))
+    b = cu.to_gpu(cu.randn(rng, (k,), dtype))
+    y = jax.jit(functools.partial(jaxconv.conv2d, padding="VALID", activation=act, algorithm="implicit_gemm"))(
+        x, w, b)
+    y = np.asarray(y)
+  ref = cu.activation_ref(
+      cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(2, (1, 1), "VALID", (1, 1))) + cu.f64(np.asarray(b)), act)
+  cu.assert_close(y, ref, MATHS["bf16"][2], f"act={act} {dtype}")
+
+
+def test_igemm_1x1_gemm_deterministic(rng):
+  """The 1x1 GEMM path's split filter gradient (f32 partial sums reduced in a fixed order) is bitwise stable."""
+  shape, k = CASES["1x1_gemm_split"][0], CASES["1x1_gemm_split"][-1]
+  conv = functools.partial(jaxconv.conv2d, padding="VALID", algorithm="implicit_gemm")
+  with cu.gpu_context("bfloat16"):
+    x = cu.to_gpu(cu.randn(rng, shape, jnp.bfloat16))
+    w = cu.to_gpu(cu.randn(rng, (1, 1, shape[-1], k), jnp.bfloat16))
+    ct = cu.to_gpu(cu.randn(rng, (*shape[:-1], k), jnp.bfloat16))
+    g = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))
+    (dx1, dw1), (dx2, dw2) = g(x, w, ct), g(x, w, ct)
+    assert np.array_equal(np.asarray(dw1), np.asarray(dw2))
+    assert np.array_equal(np.asarray(dx1), np.asarray(dx2))
 
 
 def test_igemm_is_auto_choice_and_deterministic(rng):

@@ -5,8 +5,9 @@
 // into the workspace, and wgrad computes an f32 KTRSC gradient in the workspace and transposes (and casts) it
 // into the result. Activations need no conversion: channels-last NDHWC is the kernels' layout. Bias and
 // activation are fused into the kernels' fprop epilogues.
-// Kernel choice per call: the Hopper kernels (igemm_sm90.cu) on an sm_90 GPU when they take the problem, else
-// the mma.sync kernels (igemm_sm80.cu), else the direct kernels (also for empty problems).
+// Kernel choice per call: 1x1 convolutions as plain GEMMs (gemm1x1_sm90.cu, no staging) on an sm_90 GPU when
+// they take the problem; else the Hopper kernels (igemm_sm90.cu) on an sm_90 GPU when they take it, else the
+// mma.sync kernels (igemm_sm80.cu), else the direct kernels (also for empty problems).
 #include <algorithm>
 #include <atomic>
 
@@ -227,19 +228,47 @@ cudaError_t RunKernels(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_
   return cudaErrorNotSupported;
 }
 
+// 1x1 convolutions on Hopper: plain GEMMs on the caller's buffers (gemm1x1_sm90.cu), no staging. Its workspace
+// does not depend on `out` (wgrad: f32 partial sums either way), so the size is asked with out = in.
+size_t Gemm1x1WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+  if (algo != kAlgoImplicitGemm || !Gemm1x1Sm90Supports(p, op, in, in)) return 0;
+  return Gemm1x1Sm90WorkspaceBytes(p, op, in, in);
+}
+
+// cudaErrorNotSupported: not taken (nothing enqueued), the caller runs the conv kernels.
+cudaError_t TryGemm1x1(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
+                       const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
+  if (algo != kAlgoImplicitGemm || DeviceArch() != 90 || !Gemm1x1Sm90Supports(p, op, in, out)) {
+    return cudaErrorNotSupported;
+  }
+  const size_t need = Gemm1x1Sm90WorkspaceBytes(p, op, in, out);
+  if (need > 0 && (workspace == nullptr || workspace_bytes < need)) return cudaErrorNotSupported;
+  return Gemm1x1Sm90Run(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+}
+
+// Workspace of the staged conv-kernel path; 0: it runs on the direct kernels.
+size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+  if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return 0;
+  const IgemmProblem pr = ToProblem(p, in);
+  if (!AnyKernel(pr, op, MathFor(p, in), algo)) return 0;
+  return StagingOf(p, op, in).bytes() + KernelWorkspaceBytes(pr, op, MathFor(p, in), algo);
+}
+
 }  // namespace
 
 size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
-  if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return 0;
-  const IgemmProblem pr = ToProblem(p, in);
-  if (!AnyKernel(pr, op, MathFor(p, in), algo)) return 0;  // runs on the direct kernels
-  return StagingOf(p, op, in).bytes() + KernelWorkspaceBytes(pr, op, MathFor(p, in), algo);
+  // Both paths: the arch (Hopper: the 1x1 GEMMs) is known at run time only.
+  return std::max(ConvPathBytes(p, op, in, algo), Gemm1x1WorkspaceBytes(p, op, in, algo));
 }
 
 cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a,
                             const void* b, const void* bias, void* out_buf, void* workspace,
                             size_t workspace_bytes, cudaStream_t s) {
-  const size_t need = ImplicitGemmWorkspaceBytes(p, op, in, algo);
+  if (const cudaError_t e = TryGemm1x1(p, op, in, out, algo, a, b, bias, out_buf, workspace, workspace_bytes, s);
+      e != cudaErrorNotSupported) {
+    return e;
+  }
+  const size_t need = ConvPathBytes(p, op, in, algo);
   const bool fits = workspace != nullptr && workspace_bytes >= need && need > 0;
   const bool same_out = op == CudaOp::kWgrad || out == in;
   if (!fits || !same_out || XElements(p) == 0 || YElements(p) == 0 || WElements(p) == 0) {

@@ -1,0 +1,394 @@
+// 1x1 convolutions as plain GEMMs on Hopper (igemm.h): CUTLASS 3.x GEMM kernels (TMA + wgmma, warp-specialised,
+// two consumer warpgroups, persistent tile scheduler) directly on jaxconv's channels-last buffers, no staging.
+//
+//   x (M, C), w (C, K), y / dy (M, K), dx (M, C), dw (C, K), all row-major, M = N*D*H*W.
+//   fwd    y  = act(x @ w + bias)   A = x  RowMajor (K-major), B = w RowMajor (N-major)       pingpong 128x128x64
+//   dgrad  dx = dy @ w^T            A = dy RowMajor (K-major), B = w ColumnMajor (K-major)    pingpong 128x128x64
+//   wgrad  dw = x^T @ dy            A = x ColumnMajor (M-major), B = dy RowMajor (N-major)    cooperative 128x128x64
+// Instantiations: those three x {bf16, f16}, f32 accumulation, cluster 1x1x1 (the filter operand is small and
+// L2-resident, so multicast buys little, and odd M tails cost nothing extra).
+// wgrad's reduction (M pixels) is long while C x K is small: a deterministic split over M. The pixels are cut
+// into `splits` equal ranges of `per` pixels, run as one batched GEMM (L = splits, each batch writes its own f32
+// slice of the workspace), plus, when splits does not divide M, one more GEMM over the last M - splits*per
+// pixels into a further slice; ReduceSplits then adds the slices in a fixed order and converts to the result
+// dtype. No atomics, no in-kernel cross-CTA reduction: reruns are bitwise equal.
+//
+// Built only with JAXCONV_IGEMM_SM90 (sm_90a); otherwise the entry points report "not supported".
+#include "cuda/igemm.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+#if defined(JAXCONV_IGEMM_SM90) && JAXCONV_IGEMM_SM90
+#define JAXCONV_GEMM1X1_KERNELS 1
+#include "cutlass/cutlass.h"
+#include "cutlass/kernel_hardware_info.hpp"
+#include "cutlass/numeric_types.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#else
+#define JAXCONV_GEMM1X1_KERNELS 0
+#endif
+
+namespace jaxconv {
+namespace cuda {
+#if JAXCONV_GEMM1X1_KERNELS
+namespace {
+
+constexpr int64_t kTileM = 128, kTileN = 128, kTileK = 64;
+constexpr int64_t kMaxElems = int64_t(1) << 36;             // per tensor: TMA strides < 2^40 bytes
+constexpr int64_t kMaxSplits = 64;
+constexpr int64_t kMaxSplitWorkspace = int64_t(256) << 20;  // wgrad partial sums (beyond one slice)
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// The GEMM extents of a 1x1 problem: pixels, input and output channels.
+struct Dims {
+  int64_t m, c, k;
+};
+Dims DimsOf(const ConvParams& p) { return {p.n[0] * SpatialCount(p.in), p.c[0], p.k[0]}; }
+
+// Everything but the kernels' own can_implement.
+bool BasicSupports(const ConvParams& p, CudaOp op, DT in, DT out) {
+  if (in != DT::kBF16 && in != DT::kF16) return false;
+  if (op == CudaOp::kWgrad ? (out != in && out != DT::kF32) : out != in) return false;
+  if (p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (p.win[d] != 1 || p.stride[d] != 1 || p.pad_lo[d] != 0 || p.pad_hi[d] != 0) return false;
+    if (p.rhs_dil[d] != 1 || p.lhs_dil[d] != 1 || p.in[d] < 1 || p.out[d] != p.in[d]) return false;
+  }
+  if (op == CudaOp::kFwd && (p.activation[0] < kActNone || p.activation[0] > kActSilu)) return false;
+  const Dims g = DimsOf(p);
+  if (p.n[0] < 1 || g.c < 1 || g.k < 1 || g.c % 8 != 0 || g.k % 8 != 0) return false;  // 16-byte TMA rows
+  // CUTLASS's problem shape is int; TMA coordinates are int32 per mode.
+  if (g.m > INT32_MAX || g.c > INT32_MAX || g.k > INT32_MAX) return false;
+  if (g.c > kMaxElems / g.m || g.k > kMaxElems / g.m || g.c > kMaxElems / g.k) return false;
+  return true;
+}
+
+// wgrad's split of the M pixels: `splits` ranges of `per` pixels (one batched GEMM) and `rem` = M - splits*per
+// more (one extra GEMM when > 0), so slices() f32 partial (C, K) sums. Estimated time in units of one k tile of
+// MMA on one SM: waves * (k tiles per split + per-tile overhead) + partial-sum traffic + the tail GEMM.
+struct WgradPlan {
+  int64_t splits = 1, per = 1, rem = 0;
+  int64_t slices() const { return splits + (rem > 0 ? 1 : 0); }
+};
+
+WgradPlan PlanWgrad(const Dims& g) {
+  const int64_t tiles_mn = CeilDiv(g.c, kTileM) * CeilDiv(g.k, kTileN);
+  const int64_t slice_bytes = g.c * g.k * int64_t(sizeof(float));
+  constexpr double kTileOverhead = 4.0;    // pipeline fill + epilogue, in k tiles
+  constexpr double kPerPartial = 1e-5;     // write + read one f32 partial, in k tiles (spread over the GPU)
+  constexpr double kTailLaunch = 6.0;      // the extra GEMM launch
+  WgradPlan best;
+  best.per = g.m;
+  double best_cost = double(CeilDiv(tiles_mn, kPlanSms)) * (double(CeilDiv(g.m, kTileK)) + kTileOverhead);
+  const int64_t max_s = std::min<int64_t>(kMaxSplits, g.m);
+  for (int64_t s = 2; s <= max_s; ++s) {
+    const int64_t per = g.m / s, rem = g.m - s * per;
+    const int64_t slices = s + (rem > 0 ? 1 : 0);
+    if (slices * slice_bytes > kMaxSplitWorkspace) break;
+    double cost = double(CeilDiv(tiles_mn * s, kPlanSms)) * (double(CeilDiv(per, kTileK)) + kTileOverhead) +
+                  double(slices) * double(g.c * g.k) * kPerPartial;
+    if (rem > 0) cost += double(CeilDiv(tiles_mn, kPlanSms)) * (double(CeilDiv(rem, kTileK)) + kTileOverhead) +
+                         kTailLaunch;
+    if (cost < best_cost) {
+      best_cost = cost;
+      best.splits = s;
+      best.per = per;
+      best.rem = rem;
+    }
+  }
+  return best;
+}
+
+size_t WgradPartialBytes(const Dims& g) {
+  return AlignUp(static_cast<size_t>(PlanWgrad(g).slices() * g.c * g.k) * sizeof(float));
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+using namespace cute;
+
+// Runtime-selected activation for the fused fwd epilogue (as igemm_sm90.cu: an EVT compute node whose functor
+// has `Arguments` receives them at run time); the formulas of common.cuh's Activate (relu propagates NaN).
+struct ActArgs {
+  int act = kActNone;
+};
+
+template <class T>
+struct RuntimeAct;
+
+template <>
+struct RuntimeAct<float> {
+  using Arguments = ActArgs;
+  CUTLASS_DEVICE float operator()(float v, Arguments const& a) const { return Activate(v, a.act); }
+};
+
+template <int N>
+struct RuntimeAct<cutlass::Array<float, N>> {
+  using Arguments = ActArgs;
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v, Arguments const& a) const {
+    if (a.act == kActNone) return v;  // uniform branch
+    cutlass::Array<float, N> r;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) r[i] = Activate(v[i], a.act);
+    return r;
+  }
+};
+
+using Cluster = Shape<_1, _1, _1>;
+using Tile = Shape<Int<kTileM>, Int<kTileN>, Int<kTileK>>;
+using RowMajor = cutlass::layout::RowMajor;
+using ColMajor = cutlass::layout::ColumnMajor;
+
+template <class T>
+constexpr int Align16B() {
+  return 128 / cutlass::sizeof_bits<T>::value;
+}
+
+// One GEMM type: operands T with layouts LA, LB, output TD (RowMajor M x N), f32 accumulation, no C operand.
+template <class T, class LA, class LB, class TD, class MainSchedule, class EpiSchedule, class Fusion>
+struct GemmCfg {
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, RowMajor, Align16B<TD>(), TD, RowMajor,
+      Align16B<TD>(), EpiSchedule, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, LA, Align16B<T>(), T, LB, Align16B<T>(), float, Tile,
+      Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      MainSchedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+template <class T>
+using FwdGemm = typename GemmCfg<T, RowMajor, RowMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                 cutlass::epilogue::TmaWarpSpecialized,
+                                 cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>>::Gemm;
+template <class T>
+using DgradGemm = typename GemmCfg<T, RowMajor, ColMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                   cutlass::epilogue::TmaWarpSpecialized,
+                                   cutlass::epilogue::fusion::LinearCombination<T, float, void, float>>::Gemm;
+template <class T>
+using WgradGemm = typename GemmCfg<T, ColMajor, RowMajor, float, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                   cutlass::epilogue::TmaWarpSpecializedCooperative,
+                                   cutlass::epilogue::fusion::LinearCombination<float, float, void, float>>::Gemm;
+
+// Arguments with the common fields; the strides are set by the callers (explicit int64 arithmetic: CUTLASS's
+// make_cute_packed_stride multiplies ints).
+template <class Gemm>
+typename Gemm::Arguments BaseArgs(int64_t m, int64_t n, int64_t k, int64_t l) {
+  typename Gemm::Arguments args{};
+  args.mode = l > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = make_shape(int(m), int(n), int(k), int(l));
+  args.hw_info.device_id = 0;
+  args.hw_info.sm_count = int(kPlanSms);  // persistent grid size: no device query, a pure plan
+  args.epilogue.thread.alpha = 1.f;
+  args.epilogue.thread.beta = 0.f;
+  args.epilogue.ptr_C = nullptr;
+  return args;
+}
+
+// y (M x K) = act(x (M x C) @ w (C x K) + bias).
+template <class T>
+typename FwdGemm<T>::Arguments FwdArgs(const Dims& g, const void* x, const void* w, const void* bias, int64_t act,
+                                       void* y) {
+  auto args = BaseArgs<FwdGemm<T>>(g.m, g.k, g.c, 1);
+  args.mainloop.ptr_A = static_cast<const T*>(x);
+  get<0>(args.mainloop.dA) = g.c;  // A[m][kk] = x[m*C + kk]
+  get<2>(args.mainloop.dA) = g.m * g.c;
+  args.mainloop.ptr_B = static_cast<const T*>(w);
+  get<1>(args.mainloop.dB) = g.k;  // B[n][kk] = w[kk*K + n]
+  get<2>(args.mainloop.dB) = g.c * g.k;
+  args.epilogue.ptr_D = static_cast<T*>(y);
+  get<0>(args.epilogue.dD) = g.k;
+  get<2>(args.epilogue.dD) = g.m * g.k;
+  args.epilogue.dC = args.epilogue.dD;
+  args.epilogue.thread.bias_ptr = static_cast<const T*>(bias);  // null: CUTLASS broadcasts 0
+  args.epilogue.thread.activation.act = int(act);
+  return args;
+}
+
+// dx (M x C) = dy (M x K) @ w^T.
+template <class T>
+typename DgradGemm<T>::Arguments DgradArgs(const Dims& g, const void* dy, const void* w, void* dx) {
+  auto args = BaseArgs<DgradGemm<T>>(g.m, g.c, g.k, 1);
+  args.mainloop.ptr_A = static_cast<const T*>(dy);
+  get<0>(args.mainloop.dA) = g.k;  // A[m][kk] = dy[m*K + kk]
+  get<2>(args.mainloop.dA) = g.m * g.k;
+  args.mainloop.ptr_B = static_cast<const T*>(w);
+  get<0>(args.mainloop.dB) = g.k;  // B[n=c][kk] = w[c*K + kk]
+  get<2>(args.mainloop.dB) = g.c * g.k;
+  args.epilogue.ptr_D = static_cast<T*>(dx);
+  get<0>(args.epilogue.dD) = g.c;
+  get<2>(args.epilogue.dD) = g.m * g.c;
+  args.epilogue.dC = args.epilogue.dD;
+  return args;
+}
+
+// `l` batches of `pixels` pixels from pixel `first` on: partial[b] (C x K) = x[rows of batch b]^T @ dy[same rows].
+template <class T>
+typename WgradGemm<T>::Arguments WgradArgs(const Dims& g, const void* x, const void* dy, int64_t first,
+                                           int64_t pixels, int64_t l, float* partial) {
+  auto args = BaseArgs<WgradGemm<T>>(g.c, g.k, pixels, l);
+  args.mainloop.ptr_A = x == nullptr ? nullptr : static_cast<const T*>(x) + first * g.c;
+  get<1>(args.mainloop.dA) = g.c;  // A[m=c][kk=pix][b] = x[(b*pixels + pix)*C + c]
+  get<2>(args.mainloop.dA) = pixels * g.c;
+  args.mainloop.ptr_B = dy == nullptr ? nullptr : static_cast<const T*>(dy) + first * g.k;
+  get<1>(args.mainloop.dB) = g.k;  // B[n=k][kk=pix][b] = dy[(b*pixels + pix)*K + k]
+  get<2>(args.mainloop.dB) = pixels * g.k;
+  args.epilogue.ptr_D = partial;
+  get<0>(args.epilogue.dD) = g.k;  // D[c][k][b] = partial[b*C*K + c*K + k]
+  get<2>(args.epilogue.dD) = g.c * g.k;
+  args.epilogue.dC = args.epilogue.dD;
+  return args;
+}
+
+template <class Gemm>
+bool CanImplement(const typename Gemm::Arguments& args) {
+  return Gemm::can_implement(args) == cutlass::Status::kSuccess;
+}
+
+// can_implement was checked by the caller; `ws` holds at least Gemm::get_workspace_size(args) bytes.
+template <class Gemm>
+cudaError_t Launch(const typename Gemm::Arguments& args, void* ws, cudaStream_t s) {
+  Gemm gemm;
+  if (gemm.initialize(args, ws, s) != cutlass::Status::kSuccess) {
+    const cudaError_t e = cudaGetLastError();
+    return e != cudaSuccess ? e : cudaErrorInvalidConfiguration;
+  }
+  const cutlass::Status st = gemm.run(s);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  return st == cutlass::Status::kSuccess ? cudaSuccess : cudaErrorLaunchFailure;
+}
+
+// The kernels' own workspace (the persistent scheduler needs none; kept general). Pointers play no part.
+template <class T>
+size_t KernelWorkspace(const Dims& g, CudaOp op) {
+  switch (op) {
+    case CudaOp::kFwd: return FwdGemm<T>::get_workspace_size(FwdArgs<T>(g, nullptr, nullptr, nullptr, 0, nullptr));
+    case CudaOp::kDgrad: return DgradGemm<T>::get_workspace_size(DgradArgs<T>(g, nullptr, nullptr, nullptr));
+    default: {
+      const WgradPlan pl = PlanWgrad(g);
+      size_t b = WgradGemm<T>::get_workspace_size(WgradArgs<T>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr));
+      if (pl.rem > 0) {
+        b = std::max(b, WgradGemm<T>::get_workspace_size(WgradArgs<T>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
+      }
+      return b;
+    }
+  }
+}
+
+template <class T>
+bool KernelsImplement(const Dims& g, CudaOp op) {
+  switch (op) {
+    case CudaOp::kFwd: return CanImplement<FwdGemm<T>>(FwdArgs<T>(g, nullptr, nullptr, nullptr, 0, nullptr));
+    case CudaOp::kDgrad: return CanImplement<DgradGemm<T>>(DgradArgs<T>(g, nullptr, nullptr, nullptr));
+    default: {
+      const WgradPlan pl = PlanWgrad(g);
+      return CanImplement<WgradGemm<T>>(WgradArgs<T>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr)) &&
+             (pl.rem == 0 || CanImplement<WgradGemm<T>>(WgradArgs<T>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
+    }
+  }
+}
+
+// Workspace: [wgrad f32 partial slices, 256-aligned][kernel workspace].
+template <class T>
+cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b, const void* bias,
+                     void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
+  const Dims g = DimsOf(p);
+  const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g) : 0;
+  const size_t need = partial + AlignUp(KernelWorkspace<T>(g, op));
+  if (need > 0 && (workspace == nullptr || workspace_bytes < need)) return cudaErrorInvalidValue;
+  char* kernel_ws = static_cast<char*>(workspace) + partial;
+  switch (op) {
+    case CudaOp::kFwd: {
+      const auto args = FwdArgs<T>(g, a, b, p.has_bias[0] ? bias : nullptr, p.activation[0], out_buf);
+      if (!CanImplement<FwdGemm<T>>(args)) return cudaErrorNotSupported;
+      return Launch<FwdGemm<T>>(args, kernel_ws, s);
+    }
+    case CudaOp::kDgrad: {
+      const auto args = DgradArgs<T>(g, a, b, out_buf);
+      if (!CanImplement<DgradGemm<T>>(args)) return cudaErrorNotSupported;
+      return Launch<DgradGemm<T>>(args, kernel_ws, s);
+    }
+    default: {
+      const WgradPlan pl = PlanWgrad(g);
+      float* slices = static_cast<float*>(workspace);
+      const auto main_args = WgradArgs<T>(g, a, b, 0, pl.per, pl.splits, slices);
+      const auto tail_args =
+          WgradArgs<T>(g, a, b, pl.splits * pl.per, pl.rem > 0 ? pl.rem : 1, 1, slices + pl.splits * g.c * g.k);
+      if (!CanImplement<WgradGemm<T>>(main_args) || (pl.rem > 0 && !CanImplement<WgradGemm<T>>(tail_args))) {
+        return cudaErrorNotSupported;
+      }
+      cudaError_t e = Launch<WgradGemm<T>>(main_args, kernel_ws, s);
+      if (e == cudaSuccess && pl.rem > 0) e = Launch<WgradGemm<T>>(tail_args, kernel_ws, s);
+      if (e != cudaSuccess) return e;
+      return ReduceSplits(in, out, slices, pl.slices(), g.c * g.k, out_buf, s);  // fixed order
+    }
+  }
+}
+}  // namespace
+#endif  // JAXCONV_GEMM1X1_KERNELS
+
+bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out) {
+#if JAXCONV_GEMM1X1_KERNELS
+  if (!BasicSupports(p, op, in, out)) return false;
+  return in == DT::kBF16 ? KernelsImplement<cutlass::bfloat16_t>(DimsOf(p), op)
+                         : KernelsImplement<cutlass::half_t>(DimsOf(p), op);
+#else
+  (void)p, (void)op, (void)in, (void)out;
+  return false;
+#endif
+}
+
+size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out) {
+#if JAXCONV_GEMM1X1_KERNELS
+  if (!Gemm1x1Sm90Supports(p, op, in, out)) return 0;
+  const Dims g = DimsOf(p);
+  const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g) : 0;
+  const size_t kernel = in == DT::kBF16 ? KernelWorkspace<cutlass::bfloat16_t>(g, op)
+                                        : KernelWorkspace<cutlass::half_t>(g, op);
+  return partial + AlignUp(kernel);
+#else
+  (void)p, (void)op, (void)in, (void)out;
+  return 0;
+#endif
+}
+
+cudaError_t Gemm1x1Sm90Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,
+                           const void* bias, void* out_buf, void* workspace, size_t workspace_bytes,
+                           cudaStream_t s) {
+#if JAXCONV_GEMM1X1_KERNELS
+  if (!BasicSupports(p, op, in, out)) return cudaErrorNotSupported;
+  // TMA needs 16-byte aligned bases (XLA's buffers are); anything else goes to the other kernels.
+  if (!Aligned16(a) || !Aligned16(b) || !Aligned16(out_buf)) return cudaErrorNotSupported;
+  if (op == CudaOp::kFwd && p.has_bias[0] && (bias == nullptr || !Aligned16(bias))) return cudaErrorNotSupported;
+  if (workspace != nullptr && !Aligned16(workspace)) return cudaErrorNotSupported;
+  if (in == DT::kBF16) {
+    return RunTyped<cutlass::bfloat16_t>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+  }
+  return RunTyped<cutlass::half_t>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+#else
+  (void)p, (void)op, (void)in, (void)out, (void)a, (void)b, (void)bias, (void)out_buf, (void)workspace;
+  (void)workspace_bytes, (void)s;
+  return cudaErrorNotSupported;
+#endif
+}
+
+}  // namespace cuda
+}  // namespace jaxconv
