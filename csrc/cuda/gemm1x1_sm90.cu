@@ -37,6 +37,7 @@
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cuda/cutlass_act.cuh"
 #else
 #define JAXCONV_GEMM1X1_KERNELS 0
 #endif
@@ -121,32 +122,6 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 using namespace cute;
 
-// Runtime-selected activation for the fused fwd epilogue (as igemm_sm90.cu: an EVT compute node whose functor
-// has `Arguments` receives them at run time); the formulas of common.cuh's Activate (relu propagates NaN).
-struct ActArgs {
-  int act = kActNone;
-};
-
-template <class T>
-struct RuntimeAct;
-
-template <>
-struct RuntimeAct<float> {
-  using Arguments = ActArgs;
-  CUTLASS_DEVICE float operator()(float v, Arguments const& a) const { return Activate(v, a.act); }
-};
-
-template <int N>
-struct RuntimeAct<cutlass::Array<float, N>> {
-  using Arguments = ActArgs;
-  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v, Arguments const& a) const {
-    if (a.act == kActNone) return v;  // uniform branch
-    cutlass::Array<float, N> r;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) r[i] = Activate(v[i], a.act);
-    return r;
-  }
-};
 
 using Cluster = Shape<_1, _1, _1>;
 using Tile = Shape<Int<kTileM>, Int<kTileN>, Int<kTileK>>;

@@ -41,6 +41,7 @@
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/device_kernel.h"
+#include "cuda/cutlass_act.cuh"
 #else
 #define JAXCONV_SM90_KERNELS 0
 #endif
@@ -62,34 +63,6 @@ constexpr int64_t kMaxSplits = 256;
 constexpr int64_t kMaxSplitWorkspace = int64_t(256) << 20;  // bytes of wgrad partial sums at most
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kPersistentWaves = 4;  // fprop/dgrad blocks = min(tiles, 4 * kPlanSms)
-
-// ---------------------------------------------------------------------------------------------------------------
-// Runtime-selected activation for the fused fprop epilogue (one kernel for all four: an EVT compute node whose
-// functor has `Arguments` receives them at run time). Same formulas as the other kernel families (common.cuh).
-struct ActArgs {
-  int act = kActNone;
-};
-
-template <class T>
-struct RuntimeAct;
-
-template <>
-struct RuntimeAct<float> {
-  using Arguments = ActArgs;
-  CUTLASS_DEVICE float operator()(float v, Arguments const& a) const { return Activate(v, a.act); }
-};
-
-template <int N>
-struct RuntimeAct<cutlass::Array<float, N>> {
-  using Arguments = ActArgs;
-  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v, Arguments const& a) const {
-    if (a.act == kActNone) return v;  // uniform branch: no per-element switch in the common case
-    cutlass::Array<float, N> r;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) r[i] = Activate(v[i], a.act);
-    return r;
-  }
-};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Kernel types.
