@@ -5,7 +5,9 @@
 namespace jaxconv {
 namespace cuda {
 
+namespace {
 int DtBytes(DT t) { return t == DT::kF64 ? 8 : t == DT::kF32 ? 4 : 2; }
+}  // namespace
 
 Status ChooseAlgorithm(const ConvParams& p, CudaOp op, DT in, DT out, int64_t* algo) {
   Status st;
