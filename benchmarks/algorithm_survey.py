@@ -22,17 +22,13 @@ import jax.numpy as jnp
 
 
 def _case_args(case, dtype):
-  """(lhs, rhs ShapeDtypeStructs, conv kwargs) of a suite case for a dtype name of the suite."""
+  """(lhs, rhs ShapeDtypeStructs, conv kwargs, name) of a suite case for a dtype name of the suite."""
   from jaxconv.bench import cases as bench_cases
-  base, prec, _ = bench_cases.dtype_info(dtype)
-  c = case
-  x_shape, w_shape = c.shapes()[:2]
-  kw = dict(window_strides=tuple(c.stride), padding=tuple(tuple(p) for p in c.padding),
-            lhs_dilation=tuple(c.lhs_dil), rhs_dilation=tuple(c.dilation), dimension_numbers=c.dimension_numbers(),
-            feature_group_count=c.groups, batch_group_count=c.batch_groups,
-            precision=None if prec is None else getattr(jax.lax.Precision, prec))
-  dt = jnp.dtype(base)
-  return jax.ShapeDtypeStruct(x_shape, dt), jax.ShapeDtypeStruct(w_shape, dt), kw, c.name
+  from jaxconv.bench import harness
+  dt = jnp.dtype(bench_cases.dtype_info(dtype)[0])
+  x_shape, w_shape = case.shapes()[:2]
+  return (jax.ShapeDtypeStruct(x_shape, dt), jax.ShapeDtypeStruct(w_shape, dt), harness.conv_kwargs(case, dtype),
+          case.name)
 
 
 def main(argv=None):

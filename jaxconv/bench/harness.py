@@ -37,15 +37,20 @@ def _precision(prec_name):
     return None if prec_name is None else getattr(lax.Precision, prec_name)
 
 
+def conv_kwargs(case, dtype) -> dict:
+    """The keyword arguments of conv_general_dilated (lax's names) for a case at a suite dtype name."""
+    _, prec_name, _ = _cases.dtype_info(dtype)
+    return dict(window_strides=tuple(case.stride), padding=tuple(tuple(p) for p in case.padding),
+                lhs_dilation=tuple(case.lhs_dil), rhs_dilation=tuple(case.dilation),
+                dimension_numbers=case.dimension_numbers(), feature_group_count=case.groups,
+                batch_group_count=case.batch_groups, precision=_precision(prec_name))
+
+
 def make_op(conv, case, dtype, op):
     """Returns f(x, w, dy) -> tuple of outputs for one input set. dgrad/wgrad/fwd+bwd are pieces of jax.vjp of
     the implementation itself, so both sides compute the same thing through their own differentiation rules."""
     import jax
-    _, prec_name, _ = _cases.dtype_info(dtype)
-    kw = dict(window_strides=tuple(case.stride), padding=tuple(tuple(p) for p in case.padding),
-              lhs_dilation=tuple(case.lhs_dil), rhs_dilation=tuple(case.dilation),
-              dimension_numbers=case.dimension_numbers(), feature_group_count=case.groups,
-              batch_group_count=case.batch_groups, precision=_precision(prec_name))
+    kw = conv_kwargs(case, dtype)
 
     def f(x, w):
         return conv(x, w, **kw)
