@@ -75,6 +75,12 @@ def channels_last_dn(nspatial):
   return ("N" + sp + "C", sp + "IO", "N" + sp + "C")
 
 
+def channels_last_lax_kw(nspatial, stride, padding, dilation) -> dict:
+  """lax.conv_general_dilated keywords of a channels-last problem (the GPU tests' reference calls)."""
+  return dict(window_strides=stride, padding=padding, rhs_dilation=dilation,
+              dimension_numbers=channels_last_dn(nspatial))
+
+
 def f64(a) -> np.ndarray:
   return np.asarray(a).astype(np.float64)
 

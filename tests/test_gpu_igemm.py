@@ -58,11 +58,6 @@ MATHS = {
 }
 
 
-def _lax_kw(ns, stride, padding, dilation):
-  return dict(window_strides=stride, padding=padding, rhs_dilation=dilation,
-              dimension_numbers=cu.channels_last_dn(ns))
-
-
 def _conv_fn(ns):
   return {1: jaxconv.conv1d, 2: jaxconv.conv2d, 3: jaxconv.conv3d}[ns]
 
@@ -80,7 +75,7 @@ def _run(name, math, algo, rng):
     ct = cu.to_gpu(cu.randn(rng, y.shape, dtype))
     dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)
     x, w, ct, y, dx, dw = (np.asarray(a) for a in (x, w, ct, y, dx, dw))
-  kw = _lax_kw(ns, stride, padding, dil)
+  kw = cu.channels_last_lax_kw(ns, stride, padding, dil)
   rdx, rdw = cu.ref_conv_vjp(x, w, ct, **kw)
   errs = {"fwd": cu.rel_l2(y, cu.ref_conv(x, w, **kw)), "dgrad": cu.rel_l2(dx, rdx), "wgrad": cu.rel_l2(dw, rdw)}
   for op, err in errs.items():
@@ -115,7 +110,8 @@ def test_igemm_bias_activation(act, rng):
   y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, dilation=dil, activation=act,
                                 algorithm="implicit_gemm", precision="highest"))(x, w, b)
   ref = cu.activation_ref(
-      cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(2, stride, padding, dil)) + cu.f64(np.asarray(b)), act)
+      cu.ref_conv(np.asarray(x), np.asarray(w),
+                  **cu.channels_last_lax_kw(2, stride, padding, dil)) + cu.f64(np.asarray(b)), act)
   cu.assert_close(y, ref, MATHS["3xtf32"][2], f"act={act}")
 
 
@@ -132,7 +128,8 @@ def test_igemm_1x1_gemm_bias_activation(act, dtype, rng):
         x, w, b)
     y = np.asarray(y)
   ref = cu.activation_ref(
-      cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(2, (1, 1), "VALID", (1, 1))) + cu.f64(np.asarray(b)), act)
+      cu.ref_conv(np.asarray(x), np.asarray(w),
+                  **cu.channels_last_lax_kw(2, (1, 1), "VALID", (1, 1))) + cu.f64(np.asarray(b)), act)
   cu.assert_close(y, ref, MATHS["bf16"][2], f"act={act} {dtype}")
 
 

@@ -24,11 +24,6 @@ import jaxconv
 pytestmark = pytest.mark.gpu
 
 
-def _lax_kw(ns, stride, padding, dilation):
-  return dict(window_strides=stride, padding=padding, rhs_dilation=dilation,
-              dimension_numbers=cu.channels_last_dn(ns))
-
-
 # (x shape NHWC / NDHWC, window, padding, dilation, stride, k)
 CASES = {
     "1to1_prime": ((1, 127, 131, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
@@ -94,7 +89,7 @@ def _run_case(name, dtype, rng, grads=True):
     x, w, ct, y = (np.asarray(a) for a in (x, w, ct, y))
     if grads:
       dx, dw = np.asarray(dx), np.asarray(dw)
-  kw = _lax_kw(ns, stride, padding, dil)
+  kw = cu.channels_last_lax_kw(ns, stride, padding, dil)
   tol = cu.tolerance(dtype)
   cu.assert_close(y, cu.ref_conv(x, w, **kw), tol, f"fwd {name} {dtype}")
   if grads:
@@ -129,7 +124,8 @@ def test_small_bias_activation(name, act, rng):
   y = jax.jit(functools.partial(fn, stride=stride, padding=padding, dilation=dil, activation=act,
                                 algorithm="small", precision="highest"))(x, w, b)
   ref = cu.activation_ref(
-      cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(ns, stride, padding, dil)) + cu.f64(np.asarray(b)), act)
+      cu.ref_conv(np.asarray(x), np.asarray(w),
+                  **cu.channels_last_lax_kw(ns, stride, padding, dil)) + cu.f64(np.asarray(b)), act)
   cu.assert_close(y, ref, cu.tolerance("float32"), f"{name} act={act}")
 
 
@@ -143,7 +139,8 @@ def test_small_half_inputs_f32_output(name, dtype, rng):
   y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, dilation=dil, algorithm="small",
                                 preferred_element_type=jnp.float32, activation="relu"))(x, w, b)
   assert y.dtype == jnp.float32
-  ref = cu.ref_conv(np.asarray(x), np.asarray(w), **_lax_kw(2, stride, padding, dil)) + cu.f64(np.asarray(b))
+  ref = cu.ref_conv(np.asarray(x), np.asarray(w),
+                    **cu.channels_last_lax_kw(2, stride, padding, dil)) + cu.f64(np.asarray(b))
   cu.assert_close(y, np.maximum(ref, 0), cu.tolerance(dtype, "float32"), name)
 
 
@@ -176,7 +173,7 @@ def _check_sliced_1to1(shape):
   y = jax.jit(functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small"))(x, w)
   H, W = shape[1], shape[2]
   w_np = np.asarray(w)
-  kw = _lax_kw(2, (1, 1), "VALID", (1, 1))
+  kw = cu.channels_last_lax_kw(2, (1, 1), "VALID", (1, 1))
   for n, i0, j0 in [(2, H - 5, W - 5), (0, H // 2, W // 2), (2, 0, 0)]:
     # padded 6x6 input window around outputs [i0, i0 + 4) x [j0, j0 + 4)
     xs = np.zeros((1, 6, 6, 1), np.float64)
