@@ -2,7 +2,8 @@
 the mma.sync ones; "implicit_gemm_sm80": the mma.sync kernels only), csrc/cuda/implicit_gemm.cu and
 igemm_sm80.cu / igemm_sm90.cu: fwd, data and filter gradients against a float64 reference on fresh random
 data, at channel counts on, over and under the kernels' tiles (8 .. 264), input channels off the alignment
-(1, 3, 67: zero-padded), odd and prime spatial sizes,
+(67 and 1x1 windows: zero-padded; 1, 2, 3, 7 with a window: the unrolled-window route), odd and prime spatial
+sizes,
 asymmetric padding, strides 1 and 2 (the Hopper kernels have no strided data gradient: those go to mma.sync),
 dilation, 1-D, 2-D and 3-D, every path's dtype (bf16, f16, f32 as TF32 at DEFAULT, 3xTF32 at HIGHEST).
 
@@ -37,10 +38,20 @@ CASES = {
     "valid_5x3": ((2, 11, 12, 48), (5, 3), "VALID", (1, 1), (1, 1), 56),
     "conv1d": ((2, 101, 32), (5,), ((2, 2),), (1,), (1,), 24),
     "conv3d": ((1, 5, 9, 10, 16), (3, 3, 3), "SAME", (1, 1, 1), (1, 1, 1), 16),
-    # input channels off the 16-byte alignment: zero-padded to it in the workspace (x, w; dx cropped back)
+    # input channels off the 16-byte alignment, windows of one tap and c67: zero-padded to it in the workspace
+    # (x, w; dx cropped back)
+    "c67_k72": ((1, 9, 10, 67), (3, 3), ((1, 0), (1, 1)), (1, 1), (1, 1), 72),
+    "1x1_c5_k16": ((2, 9, 7, 5), (1, 1), "VALID", (1, 1), (1, 1), 16),
+    # first layers (c * element size < 16 bytes, a window): 1x1 problems on the unrolled window (im2col_gemm.cu),
+    # dx gathered back (col2im); taps*c on and off the alignment, stride, dilation, asymmetric padding, 1-D/3-D
     "c3_7x7_s2_first_layer": ((2, 37, 41, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
     "c1_k8": ((2, 17, 19, 1), (3, 3), "SAME", (1, 1), (1, 1), 8),
-    "c67_k72": ((1, 9, 10, 67), (3, 3), ((1, 0), (1, 1)), (1, 1), (1, 1), 72),
+    "c2_5x3_dil_asym": ((2, 19, 23, 2), (5, 3), ((2, 1), (0, 3)), (2, 1), (1, 2), 16),
+    "c7_3x3_k24": ((3, 11, 13, 7), (3, 3), "SAME", (1, 1), (1, 1), 24),
+    "c1_conv1d_s2": ((3, 257, 1), (9,), ((4, 4),), (1,), (2,), 8),
+    "c3_conv3d": ((2, 7, 9, 8, 3), (3, 3, 3), "SAME", (1, 1, 1), (2, 1, 1), 16),
+    # 17 images of 6400 output pixels: more than one chunk of unrolled windows (32 MB each), a short last chunk
+    "c3_chunks": ((17, 160, 160, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 16),
     # 1x1 stride 1: plain GEMMs on the Hopper (gemm1x1_sm90.cu, 16-bit operands), odd M (pixels), c/k over and
     # under the 128 tiles; 1x1_gemm_split's M = 97*101 makes the filter gradient split over M with a tail range.
     "1x1_gemm_c64_k256": ((3, 7, 9, 64), (1, 1), "VALID", (1, 1), (1, 1), 256),
@@ -117,20 +128,41 @@ def test_igemm_bias_activation(act, rng):
 
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_igemm_1x1_gemm_bias_activation(act, dtype, rng):
-  """The 1x1 GEMM path's fused epilogue: y = act(x @ w + b) per output channel, 16-bit operands."""
-  shape, k = (2, 13, 11, 256), 136
+@pytest.mark.parametrize("name", ["1x1_gemm", "first_layer"])
+def test_igemm_gemm_bias_activation(name, act, dtype, rng):
+  """The GEMM routes' fused epilogue, y = act(x @ w + b) per output channel, with 16-bit operands: 1x1 layers
+  and first layers (the unrolled window, im2col_gemm.cu)."""
+  shape, win, stride, padding, k = {
+      "1x1_gemm": ((2, 13, 11, 256), (1, 1), (1, 1), "VALID", 136),
+      "first_layer": ((2, 29, 31, 3), (7, 7), (2, 2), ((3, 3), (3, 3)), 64),
+  }[name]
   with cu.gpu_context(dtype):
     x = cu.to_gpu(cu.randn(rng, shape, dtype))
-    w = cu.to_gpu(cu.randn(rng, (1, 1, shape[-1], k), dtype))
+    w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), dtype))
     b = cu.to_gpu(cu.randn(rng, (k,), dtype))
-    y = jax.jit(functools.partial(jaxconv.conv2d, padding="VALID", activation=act, algorithm="implicit_gemm"))(
-        x, w, b)
+    y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, activation=act,
+                                  algorithm="implicit_gemm"))(x, w, b)
     y = np.asarray(y)
   ref = cu.activation_ref(
       cu.ref_conv(np.asarray(x), np.asarray(w),
-                  **cu.channels_last_lax_kw(2, (1, 1), "VALID", (1, 1))) + cu.f64(np.asarray(b)), act)
+                  **cu.channels_last_lax_kw(2, stride, padding, (1, 1))) + cu.f64(np.asarray(b)), act)
   cu.assert_close(y, ref, MATHS["bf16"][2], f"act={act} {dtype}")
+
+
+def test_igemm_first_layer_deterministic(rng):
+  """The first-layer route's filter gradient (chunks' f32 partial filters summed in chunk order) and its
+  gathered data gradient are bitwise stable across reruns, over several chunks."""
+  shape, win, padding, dil, stride, k = CASES["c3_chunks"]
+  conv = functools.partial(jaxconv.conv2d, stride=stride, padding=padding, algorithm="implicit_gemm")
+  with cu.gpu_context("bfloat16"):
+    x = cu.to_gpu(cu.randn(rng, shape, jnp.bfloat16))
+    w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), jnp.bfloat16))
+    y = jax.jit(conv)(x, w)
+    ct = cu.to_gpu(cu.randn(rng, y.shape, jnp.bfloat16))
+    g = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))
+    (dx1, dw1), (dx2, dw2) = g(x, w, ct), g(x, w, ct)
+    assert np.array_equal(np.asarray(dw1), np.asarray(dw2))
+    assert np.array_equal(np.asarray(dx1), np.asarray(dx2))
 
 
 def test_igemm_1x1_gemm_deterministic(rng):

@@ -90,5 +90,14 @@ size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out);
 cudaError_t Gemm1x1Sm90Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,
                            const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s);
 
+// ---- im2col_gemm.cu: first layers (c * element size < 16 bytes, more than one tap) as 1x1 problems ----
+// The window is unrolled into a (pixels, taps*c) matrix and the 1x1 problem runs through ImplicitGemmRun (see
+// the file). Applies: the routing predicate (pure host code); the other two follow ImplicitGemm*'s contract,
+// Run returning cudaErrorNotSupported (nothing enqueued) on a short workspace.
+bool Im2colGemmApplies(const ConvParams& p, DT in);
+size_t Im2colGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo);
+cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
+                          const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s);
+
 }  // namespace cuda
 }  // namespace jaxconv

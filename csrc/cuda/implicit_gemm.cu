@@ -5,8 +5,9 @@
 // into the workspace, and wgrad computes an f32 KTRSC gradient in the workspace and transposes (and casts) it
 // into the result. Activations need no conversion: channels-last NDHWC is the kernels' layout. Bias and
 // activation are fused into the kernels' fprop epilogues.
-// Kernel choice per call: 1x1 convolutions as plain GEMMs (gemm1x1_sm90.cu, no staging) on an sm_90 GPU when
-// they take the problem; else the Hopper kernels (igemm_sm90.cu) on an sm_90 GPU when they take it, else the
+// Kernel choice per call: first layers (few input channels, a window) as 1x1 problems on their unrolled window
+// (im2col_gemm.cu); 1x1 convolutions as plain GEMMs (gemm1x1_sm90.cu, no staging) on an sm_90 GPU when they
+// take the problem; else the Hopper kernels (igemm_sm90.cu) on an sm_90 GPU when they take it, else the
 // mma.sync kernels (igemm_sm80.cu), else the direct kernels (also for empty problems).
 #include <algorithm>
 #include <atomic>
@@ -257,6 +258,7 @@ size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
 }  // namespace
 
 size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+  if (Im2colGemmApplies(p, in)) return Im2colGemmWorkspaceBytes(p, op, in, algo);
   // Both paths: the arch (Hopper: the 1x1 GEMMs) is known at run time only.
   return std::max(ConvPathBytes(p, op, in, algo), Gemm1x1WorkspaceBytes(p, op, in, algo));
 }
@@ -264,6 +266,10 @@ size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t
 cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a,
                             const void* b, const void* bias, void* out_buf, void* workspace,
                             size_t workspace_bytes, cudaStream_t s) {
+  if (Im2colGemmApplies(p, in)) {
+    const cudaError_t e = Im2colGemmRun(p, op, in, out, algo, a, b, bias, out_buf, workspace, workspace_bytes, s);
+    if (e != cudaErrorNotSupported) return e;
+  }
   if (const cudaError_t e = TryGemm1x1(p, op, in, out, algo, a, b, bias, out_buf, workspace, workspace_bytes, s);
       e != cudaErrorNotSupported) {
     return e;

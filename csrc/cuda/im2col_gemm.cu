@@ -1,0 +1,308 @@
+// The implicit_gemm family's route for first layers: few input channels (c * element size < 16 bytes) and a
+// window of more than one tap. The conv kernels would zero-pad c to 16 bytes (a 7x7, 3-channel stem in bf16:
+// 3 -> 8 channels, 5/8 of every MMA wasted, and 16-byte im2col rows that TMA loads slowly). Here the window is
+// unrolled instead into cols (M, cr): M output pixels, cr = taps*c rounded up to the alignment, columns in the
+// filter's own HWIO row order (t, r, s, c). The convolution then is a 1x1 problem on cols, which ImplicitGemmRun
+// runs (Hopper GEMMs for 16-bit operands, else the conv kernels, 3xTF32 included):
+//   fwd    y     = act(cols(x) @ w' + bias)
+//   dgrad  dcols = dy @ w'^T, then dx = col2im(dcols): a gather, each dx element sums its own taps (no atomics)
+//   wgrad  dw'   = cols(x)^T @ dy
+// w' is the (cr, K) filter matrix: the HWIO filter's (taps*c, K) rows, plus zero rows up to cr.
+// cols is built in chunks of whole images: the workspace stays bounded and a chunk is still in L2 when its GEMM
+// reads it. wgrad sums the chunks' f32 partial filters in chunk order (deterministic).
+#include <algorithm>
+
+#include "algorithms.h"
+#include "cuda/common.cuh"
+#include "cuda/igemm.h"
+
+namespace jaxconv {
+namespace cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+constexpr int64_t kMaxRows = 2048;               // taps * c: the column table lives in shared memory
+constexpr size_t kChunkBytes = size_t(32) << 20;  // cols per chunk: about two thirds of an H100's L2
+constexpr size_t kMaxImageBytes = size_t(1) << 30;  // one image's cols at most (a chunk holds >= 1 image)
+
+size_t ElemBytes(DT in) { return in == DT::kF32 ? 4 : 2; }
+
+struct Plan {
+  int64_t rows = 0;       // taps * c: the filter matrix's real rows
+  int64_t cr = 0;         // rows rounded up to the alignment: the 1x1 problem's input channels
+  int64_t pixels = 0;     // output pixels per image
+  int64_t images = 0;     // images per chunk (the last chunk may have fewer)
+  int64_t chunks = 0;
+  size_t filter = 0;      // fwd/dgrad: the padded filter w' (0 when rows == cr: w is used in place)
+  size_t slices = 0;      // wgrad: the chunks' f32 partial filters
+  size_t cols = 0;        // one chunk of cols (dgrad: dcols)
+  size_t gemm = 0;        // the 1x1 problem's own workspace (the larger of a full and the last chunk's)
+  size_t bytes() const { return filter + slices + cols + gemm; }
+};
+
+// The 1x1 problem of `images` images: x = cols (images, out spatial, cr), y = the conv's own y.
+ConvParams OneByOne(const ConvParams& p, CudaOp op, int64_t images, int64_t cr) {
+  ConvParams q = p;
+  q.layout[0] = kChannelsLast;
+  q.n[0] = images;
+  q.c[0] = cr;
+  q.groups[0] = q.batch_groups[0] = 1;
+  for (int d = 0; d < 3; ++d) {
+    q.in[d] = p.out[d];
+    q.win[d] = q.stride[d] = q.lhs_dil[d] = q.rhs_dil[d] = 1;
+    q.pad_lo[d] = q.pad_hi[d] = 0;
+  }
+  if (op != CudaOp::kFwd) q.activation[0] = kActNone, q.has_bias[0] = 0;
+  q.poison[0] = 0;
+  return q;
+}
+
+Plan MakePlan(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+  Plan pl;
+  const int64_t align = ImplicitGemmAlign(static_cast<int>(ElemBytes(in)));
+  pl.rows = SpatialCount(p.win) * p.c[0];
+  pl.cr = (pl.rows + align - 1) / align * align;
+  pl.pixels = SpatialCount(p.out);
+  const size_t image_cols = static_cast<size_t>(pl.pixels * pl.cr) * ElemBytes(in);
+  pl.images = std::max<int64_t>(1, std::min<int64_t>(p.n[0], static_cast<int64_t>(kChunkBytes / image_cols)));
+  pl.chunks = CeilDiv(p.n[0], pl.images);
+  const int64_t last = p.n[0] - (pl.chunks - 1) * pl.images;
+  const int64_t kk = p.k[0];
+  if (op != CudaOp::kWgrad && pl.cr != pl.rows) pl.filter = AlignUp(static_cast<size_t>(pl.cr * kk) * ElemBytes(in));
+  // Chunk i writes its (cr, K) partial filter at slice i * rows * K; the cr - rows padding rows' sums (not
+  // needed) spill into slice i + 1, which chunk i + 1 then overwrites (the GEMMs run in stream order).
+  if (op == CudaOp::kWgrad) pl.slices = AlignUp(static_cast<size_t>(((pl.chunks - 1) * pl.rows + pl.cr) * kk) * 4);
+  pl.cols = AlignUp(image_cols * static_cast<size_t>(pl.images));
+  pl.gemm = std::max(ImplicitGemmWorkspaceBytes(OneByOne(p, op, pl.images, pl.cr), op, in, algo),
+                     ImplicitGemmWorkspaceBytes(OneByOne(p, op, last, pl.cr), op, in, algo));
+  return pl;
+}
+
+// The column table: entry j < rows is tap (t, r, s) and channel ch of column j as (t*dil, r*dil, s*dil, ch).
+__device__ __forceinline__ int4 ColumnEntry(int64_t j, int64_t c, int64_t win1, int64_t win2, int4 dil) {
+  const int ch = static_cast<int>(j % c);
+  const int64_t tap = j / c;
+  const int s = static_cast<int>(tap % win2), r = static_cast<int>(tap / win2 % win1);
+  const int t = static_cast<int>(tap / (win1 * win2));
+  return make_int4(t * dil.x, r * dil.y, s * dil.z, ch);
+}
+
+struct Geometry {
+  int64_t in[3], out[3], c, rows, cr;
+  int64_t stride[3], pad_lo[3];
+  int64_t win1, win2;
+  int4 dil;
+};
+
+Geometry GeometryOf(const ConvParams& p, const Plan& pl) {
+  Geometry g;
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = p.in[d];
+    g.out[d] = p.out[d];
+    g.stride[d] = p.stride[d];
+    g.pad_lo[d] = p.pad_lo[d];
+  }
+  g.c = p.c[0];
+  g.rows = pl.rows;
+  g.cr = pl.cr;
+  g.win1 = p.win[1];
+  g.win2 = p.win[2];
+  g.dil = make_int4(static_cast<int>(p.rhs_dil[0]), static_cast<int>(p.rhs_dil[1]), static_cast<int>(p.rhs_dil[2]), 0);
+  return g;
+}
+
+// cols[m, j] for `count` output pixels m of whole images (x points at the chunk's first image). Each thread
+// writes one 16-byte word of V columns (cr % V == 0); E moves the elements as bits.
+template <class E>
+__global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* __restrict__ x, E* __restrict__ cols,
+                                                    int64_t count) {
+  constexpr int V = 16 / sizeof(E);
+  extern __shared__ int4 table[];
+  for (int64_t j = threadIdx.x; j < g.rows; j += blockDim.x) table[j] = ColumnEntry(j, g.c, g.win1, g.win2, g.dil);
+  __syncthreads();
+  const int64_t groups = g.cr / V, total = count * groups;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
+    const int64_t m = e / groups, j0 = (e - m * groups) * V;
+    const int64_t q = m % g.out[2], pq = m / g.out[2];
+    const int64_t pp = pq % g.out[1], zq = pq / g.out[1];
+    const int64_t z = zq % g.out[0], n = zq / g.out[0];
+    const int64_t d0 = z * g.stride[0] - g.pad_lo[0], h0 = pp * g.stride[1] - g.pad_lo[1];
+    const int64_t w0 = q * g.stride[2] - g.pad_lo[2];
+    union {
+      uint4 v;
+      E e[V];
+    } word;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      E val{};
+      const int64_t j = j0 + i;
+      if (j < g.rows) {
+        const int4 t = table[j];
+        const int64_t d = d0 + t.x, h = h0 + t.y, w = w0 + t.z;
+        if (d >= 0 && d < g.in[0] && h >= 0 && h < g.in[1] && w >= 0 && w < g.in[2]) {
+          val = x[(((n * g.in[0] + d) * g.in[1] + h) * g.in[2] + w) * g.c + t.w];
+        }
+      }
+      word.e[i] = val;
+    }
+    reinterpret_cast<uint4*>(cols)[e] = word.v;
+  }
+}
+
+// dx[n, d, h, w, :] = sum over the taps (t, r, s) that reach (d, h, w) from an output pixel (z, p, q) of
+// dcols[n, z, p, q, (t, r, s, :)], for `count` input pixels of whole images; one thread per pixel, all c < 8
+// channels (contiguous dcols reads per tap), f32 sums in tap order.
+template <class T>
+__global__ void __launch_bounds__(256) Col2imKernel(const Geometry g, const T* __restrict__ dcols,
+                                                    T* __restrict__ dx, int64_t count, int64_t win0) {
+  constexpr int kMaxC = 8;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; m < count; m += step) {
+    const int64_t w = m % g.in[2], hq = m / g.in[2];
+    const int64_t h = hq % g.in[1], dq = hq / g.in[1];
+    const int64_t d = dq % g.in[0], n = dq / g.in[0];
+    float acc[kMaxC];
+#pragma unroll
+    for (int ch = 0; ch < kMaxC; ++ch) acc[ch] = 0.f;
+    for (int64_t t = 0; t < win0; ++t) {
+      const int64_t zz = d + g.pad_lo[0] - t * g.dil.x;
+      if (zz < 0) break;
+      if (zz % g.stride[0] != 0 || zz / g.stride[0] >= g.out[0]) continue;
+      const int64_t z = zz / g.stride[0];
+      for (int64_t r = 0; r < g.win1; ++r) {
+        const int64_t pp = h + g.pad_lo[1] - r * g.dil.y;
+        if (pp < 0) break;
+        if (pp % g.stride[1] != 0 || pp / g.stride[1] >= g.out[1]) continue;
+        const int64_t p = pp / g.stride[1];
+        for (int64_t s = 0; s < g.win2; ++s) {
+          const int64_t qq = w + g.pad_lo[2] - s * g.dil.z;
+          if (qq < 0) break;
+          if (qq % g.stride[2] != 0 || qq / g.stride[2] >= g.out[2]) continue;
+          const int64_t q = qq / g.stride[2];
+          const T* src = dcols + (((n * g.out[0] + z) * g.out[1] + p) * g.out[2] + q) * g.cr +
+                         ((t * g.win1 + r) * g.win2 + s) * g.c;
+#pragma unroll
+          for (int ch = 0; ch < kMaxC; ++ch) {
+            if (ch < g.c) acc[ch] += ToAcc(src[ch]);
+          }
+        }
+      }
+    }
+    T* dst = dx + m * g.c;
+#pragma unroll
+    for (int ch = 0; ch < kMaxC; ++ch) {
+      if (ch < g.c) dst[ch] = FromAcc<T>(acc[ch]);
+    }
+  }
+}
+
+unsigned Blocks(int64_t work) { return GridX(std::min<int64_t>(CeilDiv(work, 256), kPlanSms * 16)); }
+
+cudaError_t Im2col(DT in, const Geometry& g, const void* x, void* cols, int64_t count, cudaStream_t s) {
+  const int64_t v = 16 / static_cast<int64_t>(ElemBytes(in));
+  const unsigned grid = Blocks(count * g.cr / v);
+  const size_t smem = static_cast<size_t>(g.rows) * sizeof(int4);
+  if (in == DT::kF32) {
+    Im2colKernel<uint32_t><<<grid, 256, smem, s>>>(g, static_cast<const uint32_t*>(x), static_cast<uint32_t*>(cols),
+                                                   count);
+  } else {
+    Im2colKernel<uint16_t><<<grid, 256, smem, s>>>(g, static_cast<const uint16_t*>(x), static_cast<uint16_t*>(cols),
+                                                   count);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t Col2im(DT in, const Geometry& g, const void* dcols, void* dx, int64_t count, int64_t win0,
+                   cudaStream_t s) {
+  const unsigned grid = Blocks(count);
+  switch (in) {
+    case DT::kF32:
+      Col2imKernel<float><<<grid, 256, 0, s>>>(g, static_cast<const float*>(dcols), static_cast<float*>(dx), count,
+                                               win0);
+      break;
+    case DT::kBF16:
+      Col2imKernel<__nv_bfloat16><<<grid, 256, 0, s>>>(g, static_cast<const __nv_bfloat16*>(dcols),
+                                                       static_cast<__nv_bfloat16*>(dx), count, win0);
+      break;
+    default:
+      Col2imKernel<__half><<<grid, 256, 0, s>>>(g, static_cast<const __half*>(dcols), static_cast<__half*>(dx),
+                                                count, win0);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool Im2colGemmApplies(const ConvParams& p, DT in) {
+  if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return false;
+  const int64_t bytes = static_cast<int64_t>(ElemBytes(in));
+  if (p.c[0] * bytes >= 16 || SpatialCount(p.win) < 2) return false;  // c < 8 (16-bit) or < 4 (f32): padded
+  const int64_t rows = SpatialCount(p.win) * p.c[0];
+  if (rows > kMaxRows) return false;
+  const int64_t cr = (rows + 16 / bytes - 1) / (16 / bytes) * (16 / bytes);
+  return static_cast<size_t>(SpatialCount(p.out) * cr * bytes) <= kMaxImageBytes;
+}
+
+size_t Im2colGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+  return MakePlan(p, op, in, algo).bytes();
+}
+
+cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
+                          const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
+  const Plan pl = MakePlan(p, op, in, algo);
+  if (workspace == nullptr || workspace_bytes < pl.bytes()) return cudaErrorNotSupported;
+  char* filter = static_cast<char*>(workspace);
+  float* slices = reinterpret_cast<float*>(filter + pl.filter);
+  char* cols = filter + pl.filter + pl.slices;
+  char* gemm_ws = cols + pl.cols;
+  const size_t eb = ElemBytes(in);
+  const int64_t kk = p.k[0], in_pixels = SpatialCount(p.in);
+  const Geometry g = GeometryOf(p, pl);
+  cudaError_t e = cudaSuccess;
+  const void* wmat = b;  // fwd/dgrad: the (cr, K) filter matrix
+  if (pl.filter > 0) {
+    const size_t real = static_cast<size_t>(pl.rows * kk) * eb;
+    if ((e = cudaMemcpyAsync(filter, b, real, cudaMemcpyDeviceToDevice, s)) != cudaSuccess) return e;
+    if ((e = cudaMemsetAsync(filter + real, 0, static_cast<size_t>((pl.cr - pl.rows) * kk) * eb, s)) != cudaSuccess) {
+      return e;
+    }
+    wmat = filter;
+  }
+  for (int64_t i = 0; i < pl.chunks; ++i) {
+    const int64_t n0 = i * pl.images, images = std::min(pl.images, p.n[0] - n0);
+    const ConvParams q = OneByOne(p, op, images, pl.cr);
+    const char* x = static_cast<const char*>(a) + static_cast<size_t>(n0 * in_pixels * p.c[0]) * eb;
+    const char* dy = static_cast<const char*>(op == CudaOp::kDgrad ? a : b) +
+                     static_cast<size_t>(n0 * pl.pixels * kk) * eb;
+    switch (op) {
+      case CudaOp::kFwd: {
+        if ((e = Im2col(in, g, x, cols, images * pl.pixels, s)) != cudaSuccess) return e;
+        char* y = static_cast<char*>(out_buf) + static_cast<size_t>(n0 * pl.pixels * kk) * eb;
+        e = ImplicitGemmRun(q, op, in, out, algo, cols, wmat, bias, y, gemm_ws, pl.gemm, s);
+        break;
+      }
+      case CudaOp::kDgrad: {
+        if ((e = ImplicitGemmRun(q, op, in, in, algo, dy, wmat, nullptr, cols, gemm_ws, pl.gemm, s)) != cudaSuccess) {
+          return e;
+        }
+        char* dx = static_cast<char*>(out_buf) + static_cast<size_t>(n0 * in_pixels * p.c[0]) * eb;
+        e = Col2im(in, g, cols, dx, images * in_pixels, p.win[0], s);
+        break;
+      }
+      default: {
+        if ((e = Im2col(in, g, x, cols, images * pl.pixels, s)) != cudaSuccess) return e;
+        e = ImplicitGemmRun(q, op, in, DT::kF32, algo, cols, dy, nullptr, slices + i * pl.rows * kk, gemm_ws,
+                            pl.gemm, s);
+      }
+    }
+    if (e != cudaSuccess) return e;
+  }
+  if (op != CudaOp::kWgrad) return cudaSuccess;
+  return ReduceSplits(in, out, slices, pl.chunks, pl.rows * kk, out_buf, s);  // fixed chunk order
+}
+
+}  // namespace cuda
+}  // namespace jaxconv
