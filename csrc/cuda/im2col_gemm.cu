@@ -26,6 +26,7 @@ size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 constexpr int64_t kMaxRows = 2048;               // taps * c: the column table lives in shared memory
 constexpr size_t kChunkBytes = size_t(32) << 20;  // cols per chunk: about two thirds of an H100's L2
 constexpr size_t kMaxImageBytes = size_t(1) << 30;  // one image's cols at most (a chunk holds >= 1 image)
+constexpr int64_t kMaxIndex = (int64_t(1) << 31) - 1;  // the kernels' 32-bit indices
 
 size_t ElemBytes(DT in) { return in == DT::kF32 ? 4 : 2; }
 
@@ -66,7 +67,8 @@ Plan MakePlan(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   pl.cr = (pl.rows + align - 1) / align * align;
   pl.pixels = SpatialCount(p.out);
   const size_t image_cols = static_cast<size_t>(pl.pixels * pl.cr) * ElemBytes(in);
-  pl.images = std::max<int64_t>(1, std::min<int64_t>(p.n[0], static_cast<int64_t>(kChunkBytes / image_cols)));
+  const int64_t image_x = SpatialCount(p.in) * p.c[0];  // per image; a chunk's x and dx stay below 2^31
+  pl.images = std::max<int64_t>(1, std::min({p.n[0], static_cast<int64_t>(kChunkBytes / image_cols), kMaxIndex / image_x}));
   pl.chunks = CeilDiv(p.n[0], pl.images);
   const int64_t last = p.n[0] - (pl.chunks - 1) * pl.images;
   const int64_t kk = p.k[0];
@@ -80,57 +82,55 @@ Plan MakePlan(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   return pl;
 }
 
-// The column table: entry j < rows is tap (t, r, s) and channel ch of column j as (t*dil, r*dil, s*dil, ch).
-__device__ __forceinline__ int4 ColumnEntry(int64_t j, int64_t c, int64_t win1, int64_t win2, int4 dil) {
-  const int ch = static_cast<int>(j % c);
-  const int64_t tap = j / c;
-  const int s = static_cast<int>(tap % win2), r = static_cast<int>(tap / win2 % win1);
-  const int t = static_cast<int>(tap / (win1 * win2));
-  return make_int4(t * dil.x, r * dil.y, s * dil.z, ch);
-}
-
+// Index arithmetic is 32-bit (Im2colGemmApplies bounds a chunk's columns and each image's elements below 2^31);
+// element offsets are formed in 64 bits.
 struct Geometry {
-  int64_t in[3], out[3], c, rows, cr;
-  int64_t stride[3], pad_lo[3];
-  int64_t win1, win2;
-  int4 dil;
+  int in[3], out[3], stride[3], pad_lo[3], dil[3];
+  int c, rows, cr, win0, win1, win2;
 };
 
 Geometry GeometryOf(const ConvParams& p, const Plan& pl) {
   Geometry g;
   for (int d = 0; d < 3; ++d) {
-    g.in[d] = p.in[d];
-    g.out[d] = p.out[d];
-    g.stride[d] = p.stride[d];
-    g.pad_lo[d] = p.pad_lo[d];
+    g.in[d] = static_cast<int>(p.in[d]);
+    g.out[d] = static_cast<int>(p.out[d]);
+    g.stride[d] = static_cast<int>(p.stride[d]);
+    g.pad_lo[d] = static_cast<int>(p.pad_lo[d]);
+    g.dil[d] = static_cast<int>(p.rhs_dil[d]);
   }
-  g.c = p.c[0];
-  g.rows = pl.rows;
-  g.cr = pl.cr;
-  g.win1 = p.win[1];
-  g.win2 = p.win[2];
-  g.dil = make_int4(static_cast<int>(p.rhs_dil[0]), static_cast<int>(p.rhs_dil[1]), static_cast<int>(p.rhs_dil[2]), 0);
+  g.c = static_cast<int>(p.c[0]);
+  g.rows = static_cast<int>(pl.rows);
+  g.cr = static_cast<int>(pl.cr);
+  g.win0 = static_cast<int>(p.win[0]);
+  g.win1 = static_cast<int>(p.win[1]);
+  g.win2 = static_cast<int>(p.win[2]);
   return g;
 }
 
 // cols[m, j] for `count` output pixels m of whole images (x points at the chunk's first image). Each thread
-// writes one 16-byte word of V columns (cr % V == 0); E moves the elements as bits.
+// writes one 16-byte word of V columns (cr % V == 0); E moves the elements as bits. The block first tabulates
+// column j's tap offsets and channel: (t*dil, r*dil, s*dil, ch).
 template <class E>
 __global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* __restrict__ x, E* __restrict__ cols,
-                                                    int64_t count) {
+                                                    int count) {
   constexpr int V = 16 / sizeof(E);
   extern __shared__ int4 table[];
-  for (int64_t j = threadIdx.x; j < g.rows; j += blockDim.x) table[j] = ColumnEntry(j, g.c, g.win1, g.win2, g.dil);
+  for (int j = threadIdx.x; j < g.rows; j += blockDim.x) {
+    const int tap = j / g.c, s = tap % g.win2, r = tap / g.win2 % g.win1, t = tap / (g.win1 * g.win2);
+    table[j] = make_int4(t * g.dil[0], r * g.dil[1], s * g.dil[2], j % g.c);
+  }
   __syncthreads();
-  const int64_t groups = g.cr / V, total = count * groups;
+  const int groups = g.cr / V;
+  const int64_t total = static_cast<int64_t>(count) * groups;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
-    const int64_t m = e / groups, j0 = (e - m * groups) * V;
-    const int64_t q = m % g.out[2], pq = m / g.out[2];
-    const int64_t pp = pq % g.out[1], zq = pq / g.out[1];
-    const int64_t z = zq % g.out[0], n = zq / g.out[0];
-    const int64_t d0 = z * g.stride[0] - g.pad_lo[0], h0 = pp * g.stride[1] - g.pad_lo[1];
-    const int64_t w0 = q * g.stride[2] - g.pad_lo[2];
+    const int m = static_cast<int>(e / groups), j0 = static_cast<int>(e - static_cast<int64_t>(m) * groups) * V;
+    const int q = m % g.out[2], pq = m / g.out[2];
+    const int pp = pq % g.out[1], zq = pq / g.out[1];
+    const int z = zq % g.out[0], n = zq / g.out[0];
+    const int d0 = z * g.stride[0] - g.pad_lo[0], h0 = pp * g.stride[1] - g.pad_lo[1];
+    const int w0 = q * g.stride[2] - g.pad_lo[2];
+    const E* xn = x + static_cast<int64_t>(n) * g.in[0] * g.in[1] * g.in[2] * g.c;
     union {
       uint4 v;
       E e[V];
@@ -138,12 +138,14 @@ __global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* _
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       E val{};
-      const int64_t j = j0 + i;
+      const int j = j0 + i;
       if (j < g.rows) {
         const int4 t = table[j];
-        const int64_t d = d0 + t.x, h = h0 + t.y, w = w0 + t.z;
-        if (d >= 0 && d < g.in[0] && h >= 0 && h < g.in[1] && w >= 0 && w < g.in[2]) {
-          val = x[(((n * g.in[0] + d) * g.in[1] + h) * g.in[2] + w) * g.c + t.w];
+        const int d = d0 + t.x, h = h0 + t.y, w = w0 + t.z;
+        if (static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
+            static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]) &&
+            static_cast<unsigned>(w) < static_cast<unsigned>(g.in[2])) {
+          val = xn[((d * g.in[1] + h) * g.in[2] + w) * g.c + t.w];
         }
       }
       word.e[i] = val;
@@ -157,32 +159,32 @@ __global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* _
 // channels (contiguous dcols reads per tap), f32 sums in tap order.
 template <class T>
 __global__ void __launch_bounds__(256) Col2imKernel(const Geometry g, const T* __restrict__ dcols,
-                                                    T* __restrict__ dx, int64_t count, int64_t win0) {
+                                                    T* __restrict__ dx, int count) {
   constexpr int kMaxC = 8;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t m = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; m < count; m += step) {
-    const int64_t w = m % g.in[2], hq = m / g.in[2];
-    const int64_t h = hq % g.in[1], dq = hq / g.in[1];
-    const int64_t d = dq % g.in[0], n = dq / g.in[0];
+  for (int m = blockIdx.x * blockDim.x + threadIdx.x; m < count; m += gridDim.x * blockDim.x) {
+    const int w = m % g.in[2], hq = m / g.in[2];
+    const int h = hq % g.in[1], dq = hq / g.in[1];
+    const int d = dq % g.in[0], n = dq / g.in[0];
+    const T* dn = dcols + static_cast<int64_t>(n) * g.out[0] * g.out[1] * g.out[2] * g.cr;
     float acc[kMaxC];
 #pragma unroll
     for (int ch = 0; ch < kMaxC; ++ch) acc[ch] = 0.f;
-    for (int64_t t = 0; t < win0; ++t) {
-      const int64_t zz = d + g.pad_lo[0] - t * g.dil.x;
+    for (int t = 0; t < g.win0; ++t) {
+      const int zz = d + g.pad_lo[0] - t * g.dil[0];
       if (zz < 0) break;
-      if (zz % g.stride[0] != 0 || zz / g.stride[0] >= g.out[0]) continue;
-      const int64_t z = zz / g.stride[0];
-      for (int64_t r = 0; r < g.win1; ++r) {
-        const int64_t pp = h + g.pad_lo[1] - r * g.dil.y;
+      const int z = zz / g.stride[0];
+      if (z * g.stride[0] != zz || z >= g.out[0]) continue;
+      for (int r = 0; r < g.win1; ++r) {
+        const int pp = h + g.pad_lo[1] - r * g.dil[1];
         if (pp < 0) break;
-        if (pp % g.stride[1] != 0 || pp / g.stride[1] >= g.out[1]) continue;
-        const int64_t p = pp / g.stride[1];
-        for (int64_t s = 0; s < g.win2; ++s) {
-          const int64_t qq = w + g.pad_lo[2] - s * g.dil.z;
+        const int p = pp / g.stride[1];
+        if (p * g.stride[1] != pp || p >= g.out[1]) continue;
+        for (int s = 0; s < g.win2; ++s) {
+          const int qq = w + g.pad_lo[2] - s * g.dil[2];
           if (qq < 0) break;
-          if (qq % g.stride[2] != 0 || qq / g.stride[2] >= g.out[2]) continue;
-          const int64_t q = qq / g.stride[2];
-          const T* src = dcols + (((n * g.out[0] + z) * g.out[1] + p) * g.out[2] + q) * g.cr +
+          const int q = qq / g.stride[2];
+          if (q * g.stride[2] != qq || q >= g.out[2]) continue;
+          const T* src = dn + static_cast<int64_t>((z * g.out[1] + p) * g.out[2] + q) * g.cr +
                          ((t * g.win1 + r) * g.win2 + s) * g.c;
 #pragma unroll
           for (int ch = 0; ch < kMaxC; ++ch) {
@@ -191,7 +193,7 @@ __global__ void __launch_bounds__(256) Col2imKernel(const Geometry g, const T* _
         }
       }
     }
-    T* dst = dx + m * g.c;
+    T* dst = dx + static_cast<int64_t>(m) * g.c;
 #pragma unroll
     for (int ch = 0; ch < kMaxC; ++ch) {
       if (ch < g.c) dst[ch] = FromAcc<T>(acc[ch]);
@@ -201,7 +203,7 @@ __global__ void __launch_bounds__(256) Col2imKernel(const Geometry g, const T* _
 
 unsigned Blocks(int64_t work) { return GridX(std::min<int64_t>(CeilDiv(work, 256), kPlanSms * 16)); }
 
-cudaError_t Im2col(DT in, const Geometry& g, const void* x, void* cols, int64_t count, cudaStream_t s) {
+cudaError_t Im2col(DT in, const Geometry& g, const void* x, void* cols, int count, cudaStream_t s) {
   const int64_t v = 16 / static_cast<int64_t>(ElemBytes(in));
   const unsigned grid = Blocks(count * g.cr / v);
   const size_t smem = static_cast<size_t>(g.rows) * sizeof(int4);
@@ -215,21 +217,19 @@ cudaError_t Im2col(DT in, const Geometry& g, const void* x, void* cols, int64_t 
   return cudaGetLastError();
 }
 
-cudaError_t Col2im(DT in, const Geometry& g, const void* dcols, void* dx, int64_t count, int64_t win0,
-                   cudaStream_t s) {
+cudaError_t Col2im(DT in, const Geometry& g, const void* dcols, void* dx, int count, cudaStream_t s) {
   const unsigned grid = Blocks(count);
   switch (in) {
     case DT::kF32:
-      Col2imKernel<float><<<grid, 256, 0, s>>>(g, static_cast<const float*>(dcols), static_cast<float*>(dx), count,
-                                               win0);
+      Col2imKernel<float><<<grid, 256, 0, s>>>(g, static_cast<const float*>(dcols), static_cast<float*>(dx), count);
       break;
     case DT::kBF16:
       Col2imKernel<__nv_bfloat16><<<grid, 256, 0, s>>>(g, static_cast<const __nv_bfloat16*>(dcols),
-                                                       static_cast<__nv_bfloat16*>(dx), count, win0);
+                                                       static_cast<__nv_bfloat16*>(dx), count);
       break;
     default:
       Col2imKernel<__half><<<grid, 256, 0, s>>>(g, static_cast<const __half*>(dcols), static_cast<__half*>(dx),
-                                                count, win0);
+                                                count);
   }
   return cudaGetLastError();
 }
@@ -243,7 +243,8 @@ bool Im2colGemmApplies(const ConvParams& p, DT in) {
   const int64_t rows = SpatialCount(p.win) * p.c[0];
   if (rows > kMaxRows) return false;
   const int64_t cr = (rows + 16 / bytes - 1) / (16 / bytes) * (16 / bytes);
-  return static_cast<size_t>(SpatialCount(p.out) * cr * bytes) <= kMaxImageBytes;
+  return static_cast<size_t>(SpatialCount(p.out) * cr * bytes) <= kMaxImageBytes &&
+         SpatialCount(p.in) * p.c[0] <= kMaxIndex;
 }
 
 size_t Im2colGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
@@ -279,7 +280,7 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
                      static_cast<size_t>(n0 * pl.pixels * kk) * eb;
     switch (op) {
       case CudaOp::kFwd: {
-        if ((e = Im2col(in, g, x, cols, images * pl.pixels, s)) != cudaSuccess) return e;
+        if ((e = Im2col(in, g, x, cols, static_cast<int>(images * pl.pixels), s)) != cudaSuccess) return e;
         char* y = static_cast<char*>(out_buf) + static_cast<size_t>(n0 * pl.pixels * kk) * eb;
         e = ImplicitGemmRun(q, op, in, out, algo, cols, wmat, bias, y, gemm_ws, pl.gemm, s);
         break;
@@ -289,11 +290,11 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
           return e;
         }
         char* dx = static_cast<char*>(out_buf) + static_cast<size_t>(n0 * in_pixels * p.c[0]) * eb;
-        e = Col2im(in, g, cols, dx, images * in_pixels, p.win[0], s);
+        e = Col2im(in, g, cols, dx, static_cast<int>(images * in_pixels), s);
         break;
       }
       default: {
-        if ((e = Im2col(in, g, x, cols, images * pl.pixels, s)) != cudaSuccess) return e;
+        if ((e = Im2col(in, g, x, cols, static_cast<int>(images * pl.pixels), s)) != cudaSuccess) return e;
         e = ImplicitGemmRun(q, op, in, DT::kF32, algo, cols, dy, nullptr, slices + i * pl.rows * kk, gemm_ws,
                             pl.gemm, s);
       }
