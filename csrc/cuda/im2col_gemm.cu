@@ -87,9 +87,26 @@ Plan MakePlan(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
 struct Geometry {
   int in[3], out[3], stride[3], pad_lo[3], dil[3];
   int c, rows, cr, win0, win1, win2;
+  int qt, wt;  // unroll tile: qt output pixels of one output row, whose taps read wt input columns
 };
 
-Geometry GeometryOf(const ConvParams& p, const Plan& pl) {
+// The unroll kernel's tile: the largest qt <= 64 whose input patch (win0*win1 rows of wt columns of c channels)
+// and column table fit kTileSmem; 0 when not even one pixel's does.
+constexpr size_t kTileSmem = size_t(40) << 10;
+int TableInts(int64_t rows) { return static_cast<int>((rows + 3) / 4 * 4); }  // keeps the patch 16-byte aligned
+int64_t PatchWidth(const ConvParams& p, int64_t qt) { return (qt - 1) * p.stride[2] + (p.win[2] - 1) * p.rhs_dil[2] + 1; }
+size_t TileSmem(const ConvParams& p, int64_t qt, size_t elem) {
+  return static_cast<size_t>(TableInts(SpatialCount(p.win) * p.c[0])) * 4 +
+         static_cast<size_t>(p.win[0] * p.win[1] * PatchWidth(p, qt) * p.c[0]) * elem;
+}
+int TileQ(const ConvParams& p, size_t elem) {
+  for (int64_t qt = std::min<int64_t>(64, p.out[2]); qt >= 1; qt /= 2) {
+    if (TileSmem(p, qt, elem) <= kTileSmem) return static_cast<int>(qt);
+  }
+  return 0;
+}
+
+Geometry GeometryOf(const ConvParams& p, const Plan& pl, DT in) {
   Geometry g;
   for (int d = 0; d < 3; ++d) {
     g.in[d] = static_cast<int>(p.in[d]);
@@ -104,53 +121,60 @@ Geometry GeometryOf(const ConvParams& p, const Plan& pl) {
   g.win0 = static_cast<int>(p.win[0]);
   g.win1 = static_cast<int>(p.win[1]);
   g.win2 = static_cast<int>(p.win[2]);
+  g.qt = TileQ(p, ElemBytes(in));
+  g.wt = static_cast<int>(PatchWidth(p, g.qt));
   return g;
 }
 
-// cols[m, j] for `count` output pixels m of whole images (x points at the chunk's first image). Each thread
-// writes one 16-byte word of V columns (cr % V == 0); E moves the elements as bits. The block first tabulates
-// column j's tap offsets and channel: (t*dil, r*dil, s*dil, ch).
+// cols[m, j] for the output rows (n, z, p) of `row_count` whole-image rows (x points at the chunk's first image).
+// A block takes qt consecutive pixels of one output row: it stages the input patch their taps read (coalesced
+// loads, zeros outside the image) in shared memory, then writes their cols rows as 16-byte words of V columns
+// (cr % V == 0), column j reading patch[table[j] + pixel * stride * c]. E moves the elements as bits.
 template <class E>
 __global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* __restrict__ x, E* __restrict__ cols,
-                                                    int count) {
+                                                    int row_count) {
   constexpr int V = 16 / sizeof(E);
-  extern __shared__ int4 table[];
+  extern __shared__ int4 smem4[];
+  int* table = reinterpret_cast<int*>(smem4);
+  E* patch = reinterpret_cast<E*>(table + ((g.rows + 3) / 4 * 4));
   for (int j = threadIdx.x; j < g.rows; j += blockDim.x) {
-    const int tap = j / g.c, s = tap % g.win2, r = tap / g.win2 % g.win1, t = tap / (g.win1 * g.win2);
-    table[j] = make_int4(t * g.dil[0], r * g.dil[1], s * g.dil[2], j % g.c);
+    const int ch = j % g.c, tap = j / g.c, s = tap % g.win2, tr = tap / g.win2;  // tr = t * win1 + r
+    table[j] = (tr * g.wt + s * g.dil[2]) * g.c + ch;
   }
-  __syncthreads();
-  const int groups = g.cr / V;
-  const int64_t total = static_cast<int64_t>(count) * groups;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
-    const int m = static_cast<int>(e / groups), j0 = static_cast<int>(e - static_cast<int64_t>(m) * groups) * V;
-    const int q = m % g.out[2], pq = m / g.out[2];
-    const int pp = pq % g.out[1], zq = pq / g.out[1];
+  const int segs = (g.out[2] + g.qt - 1) / g.qt, groups = g.cr / V, span = g.wt * g.c;
+  const int patch_elems = g.win0 * g.win1 * span;
+  for (int b = blockIdx.x; b < row_count * segs; b += gridDim.x) {
+    const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
+    const int pp = row % g.out[1], zq = row / g.out[1];
     const int z = zq % g.out[0], n = zq / g.out[0];
-    const int d0 = z * g.stride[0] - g.pad_lo[0], h0 = pp * g.stride[1] - g.pad_lo[1];
-    const int w0 = q * g.stride[2] - g.pad_lo[2];
     const E* xn = x + static_cast<int64_t>(n) * g.in[0] * g.in[1] * g.in[2] * g.c;
-    union {
-      uint4 v;
-      E e[V];
-    } word;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
+    const int w_lo = q0 * g.stride[2] - g.pad_lo[2];
+    __syncthreads();  // the table is written; the previous tile's readers are done with the patch
+    for (int i = threadIdx.x; i < patch_elems; i += blockDim.x) {
+      const int tr = i / span, rem = i - tr * span, t = tr / g.win1, r = tr - t * g.win1;
+      const int wi = rem / g.c, ch = rem - wi * g.c;
+      const int d = z * g.stride[0] - g.pad_lo[0] + t * g.dil[0], h = pp * g.stride[1] - g.pad_lo[1] + r * g.dil[1];
+      const int w = w_lo + wi;
       E val{};
-      const int j = j0 + i;
-      if (j < g.rows) {
-        const int4 t = table[j];
-        const int d = d0 + t.x, h = h0 + t.y, w = w0 + t.z;
-        if (static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
-            static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]) &&
-            static_cast<unsigned>(w) < static_cast<unsigned>(g.in[2])) {
-          val = xn[((d * g.in[1] + h) * g.in[2] + w) * g.c + t.w];
-        }
+      if (static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
+          static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]) &&
+          static_cast<unsigned>(w) < static_cast<unsigned>(g.in[2])) {
+        val = xn[((d * g.in[1] + h) * g.in[2] + w) * g.c + ch];
       }
-      word.e[i] = val;
+      patch[i] = val;
     }
-    reinterpret_cast<uint4*>(cols)[e] = word.v;
+    __syncthreads();
+    uint4* dst = reinterpret_cast<uint4*>(cols + (static_cast<int64_t>(row) * g.out[2] + q0) * g.cr);
+    for (int k = threadIdx.x; k < qn * groups; k += blockDim.x) {
+      const int ml = k / groups, j0 = (k - ml * groups) * V, shift = ml * g.stride[2] * g.c;
+      union {
+        uint4 v;
+        E e[V];
+      } word;
+#pragma unroll
+      for (int i = 0; i < V; ++i) word.e[i] = j0 + i < g.rows ? patch[table[j0 + i] + shift] : E{};
+      dst[k] = word.v;
+    }
   }
 }
 
@@ -203,16 +227,18 @@ __global__ void __launch_bounds__(256) Col2imKernel(const Geometry g, const T* _
 
 unsigned Blocks(int64_t work) { return GridX(std::min<int64_t>(CeilDiv(work, 256), kPlanSms * 16)); }
 
-cudaError_t Im2col(DT in, const Geometry& g, const void* x, void* cols, int count, cudaStream_t s) {
-  const int64_t v = 16 / static_cast<int64_t>(ElemBytes(in));
-  const unsigned grid = Blocks(count * g.cr / v);
-  const size_t smem = static_cast<size_t>(g.rows) * sizeof(int4);
+// row_count: output rows (n, z, p) of the chunk.
+cudaError_t Im2col(DT in, const Geometry& g, const void* x, void* cols, int row_count, cudaStream_t s) {
+  const int64_t tiles = static_cast<int64_t>(row_count) * CeilDiv(g.out[2], g.qt);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, kPlanSms * 8));
+  const size_t smem = static_cast<size_t>(TableInts(g.rows)) * 4 +
+                      static_cast<size_t>(g.win0 * g.win1 * g.wt * g.c) * ElemBytes(in);
   if (in == DT::kF32) {
     Im2colKernel<uint32_t><<<grid, 256, smem, s>>>(g, static_cast<const uint32_t*>(x), static_cast<uint32_t*>(cols),
-                                                   count);
+                                                   row_count);
   } else {
     Im2colKernel<uint16_t><<<grid, 256, smem, s>>>(g, static_cast<const uint16_t*>(x), static_cast<uint16_t*>(cols),
-                                                   count);
+                                                   row_count);
   }
   return cudaGetLastError();
 }
@@ -244,7 +270,7 @@ bool Im2colGemmApplies(const ConvParams& p, DT in) {
   if (rows > kMaxRows) return false;
   const int64_t cr = (rows + 16 / bytes - 1) / (16 / bytes) * (16 / bytes);
   return static_cast<size_t>(SpatialCount(p.out) * cr * bytes) <= kMaxImageBytes &&
-         SpatialCount(p.in) * p.c[0] <= kMaxIndex;
+         SpatialCount(p.in) * p.c[0] <= kMaxIndex && TileQ(p, static_cast<size_t>(bytes)) > 0;
 }
 
 size_t Im2colGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
@@ -261,7 +287,7 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
   char* gemm_ws = cols + pl.cols;
   const size_t eb = ElemBytes(in);
   const int64_t kk = p.k[0], in_pixels = SpatialCount(p.in);
-  const Geometry g = GeometryOf(p, pl);
+  const Geometry g = GeometryOf(p, pl, in);
   cudaError_t e = cudaSuccess;
   const void* wmat = b;  // fwd/dgrad: the (cr, K) filter matrix
   if (pl.filter > 0) {
@@ -280,7 +306,7 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
                      static_cast<size_t>(n0 * pl.pixels * kk) * eb;
     switch (op) {
       case CudaOp::kFwd: {
-        if ((e = Im2col(in, g, x, cols, static_cast<int>(images * pl.pixels), s)) != cudaSuccess) return e;
+        if ((e = Im2col(in, g, x, cols, static_cast<int>(images * p.out[0] * p.out[1]), s)) != cudaSuccess) return e;
         char* y = static_cast<char*>(out_buf) + static_cast<size_t>(n0 * pl.pixels * kk) * eb;
         e = ImplicitGemmRun(q, op, in, out, algo, cols, wmat, bias, y, gemm_ws, pl.gemm, s);
         break;
@@ -294,7 +320,7 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
         break;
       }
       default: {
-        if ((e = Im2col(in, g, x, cols, static_cast<int>(images * pl.pixels), s)) != cudaSuccess) return e;
+        if ((e = Im2col(in, g, x, cols, static_cast<int>(images * p.out[0] * p.out[1]), s)) != cudaSuccess) return e;
         e = ImplicitGemmRun(q, op, in, DT::kF32, algo, cols, dy, nullptr, slices + i * pl.rows * kk, gemm_ws,
                             pl.gemm, s);
       }
