@@ -24,6 +24,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/common.cuh"
 
@@ -436,6 +437,182 @@ struct PersistentConvKernel {
   }
 };
 
+// Ping-pong fprop/dgrad (the schedule of CUTLASS's KernelTmaWarpSpecializedPingpong GEMM, which its sm90 conv
+// dispatch does not offer): two consumer warpgroups take alternate tiles of the block's walk (blockIdx.x +
+// (2i + w) * gridDim.x for warpgroup w), each a whole tile with the one-warpgroup TiledMma of the unchanged
+// collectives. An ordered barrier lets one warpgroup's MMAs run while the other's epilogue drains, so the tensor
+// cores stay busy through epilogues (what limits short reductions and 64-wide layers). The producer warp loads
+// every tile in walk order; each consumer skips the other's k tiles in the shared pipeline.
+template <class Base>
+struct PingpongConvKernel {
+  using ProblemShape = typename Base::ProblemShape;
+  using CollectiveMainloop = typename Base::CollectiveMainloop;
+  using CollectiveEpilogue = typename Base::CollectiveEpilogue;
+  using TileShape = typename Base::TileShape;
+  using TiledMma = typename Base::TiledMma;
+  using ArchTag = typename Base::ArchTag;
+  using ClusterShape = typename Base::ClusterShape;
+  static_assert(cute::size(ClusterShape{}) == 1, "the ping-pong kernel assumes no clusters");
+  static_assert(cute::size(TiledMma{}) == cutlass::NumThreadsPerWarpGroup, "one warpgroup per tile");
+  static constexpr uint32_t NumMmaWarpGroups = 2;
+  static constexpr uint32_t MaxThreadsPerBlock = (1 + NumMmaWarpGroups) * cutlass::NumThreadsPerWarpGroup;
+  static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
+  static constexpr uint32_t LoadRegisters = 40, MmaRegisters = 232;  // CUTLASS's split of the register file
+  using MathOrderBarrier = cutlass::OrderedSequenceBarrier<2, NumMmaWarpGroups>;  // stages: mainloop, epilogue
+
+  struct SharedStorage {
+    struct TensorStorage {
+      typename CollectiveMainloop::TensorStorage mainloop;
+      typename CollectiveEpilogue::TensorStorage epilogue;
+    } tensors;
+    struct PipelineStorage : cute::aligned_struct<16, _1> {
+      alignas(16) typename CollectiveMainloop::PipelineStorage mainloop;
+      alignas(16) typename CollectiveEpilogue::PipelineStorage epi_load;
+      alignas(16) typename MathOrderBarrier::SharedStorage math_order;
+    } pipelines;
+  };
+  static constexpr int SharedStorageSize = sizeof(SharedStorage);
+
+  using Params = typename PersistentConvKernel<Base>::Params;
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace cute;
+    SharedStorage& shared_storage = *reinterpret_cast<SharedStorage*>(smem_buf);
+    const int thread_idx = int(threadIdx.x);
+    const int lane_idx = cutlass::canonical_lane_idx();
+    const int warp_idx = cutlass::canonical_warp_idx_sync();
+    const int warp_idx_in_warp_group = warp_idx % cutlass::NumWarpsPerWarpGroup;
+    const int warp_group_thread_idx = thread_idx % cutlass::NumThreadsPerWarpGroup;
+    const int warp_group = cutlass::canonical_warp_group_idx();  // 0 producer, 1 and 2 consumers
+    const bool is_load_warp = warp_group == 0 && warp_idx_in_warp_group == 0;
+    const bool is_epi_load_warp = warp_group == 0 && warp_idx_in_warp_group == 1;
+    const int lane_predicate = cute::elect_one_sync();
+    const uint32_t block_rank_in_cluster = cute::block_rank_in_cluster();
+
+    if (warp_idx == 0 && lane_predicate) {
+      CollectiveMainloop::prefetch_tma_descriptors(params.base.mainloop);
+      CollectiveEpilogue::prefetch_tma_descriptors(params.base.epilogue);
+    }
+
+    using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
+    typename MainloopPipeline::Params mainloop_pipeline_params;
+    if (is_load_warp) mainloop_pipeline_params.role = MainloopPipeline::ThreadCategory::Producer;
+    if (warp_group > 0) mainloop_pipeline_params.role = MainloopPipeline::ThreadCategory::Consumer;
+    mainloop_pipeline_params.is_leader = warp_group_thread_idx == 0;
+    mainloop_pipeline_params.num_consumers = cutlass::NumThreadsPerWarpGroup;  // one warpgroup per stage
+    mainloop_pipeline_params.transaction_bytes = params.base.mainloop.tma_transaction_bytes;
+    MainloopPipeline mainloop_pipeline(shared_storage.pipelines.mainloop, mainloop_pipeline_params, ClusterShape{});
+
+    using EpiLoadPipeline = typename CollectiveEpilogue::LoadPipeline;
+    typename EpiLoadPipeline::Params epi_load_pipeline_params;
+    if (is_epi_load_warp) epi_load_pipeline_params.role = EpiLoadPipeline::ThreadCategory::Producer;
+    if (warp_group > 0) epi_load_pipeline_params.role = EpiLoadPipeline::ThreadCategory::Consumer;
+    epi_load_pipeline_params.dst_blockid = block_rank_in_cluster;
+    epi_load_pipeline_params.producer_arv_count = cutlass::NumThreadsPerWarp;
+    epi_load_pipeline_params.consumer_arv_count = cutlass::NumThreadsPerWarpGroup;
+    if constexpr (CollectiveEpilogue::RequiresTransactionBytes) {
+      epi_load_pipeline_params.transaction_bytes = params.base.epilogue.tma_transaction_bytes;
+    }
+    EpiLoadPipeline epi_load_pipeline(shared_storage.pipelines.epi_load, epi_load_pipeline_params);
+
+    using EpiStorePipeline = typename CollectiveEpilogue::StorePipeline;
+    typename EpiStorePipeline::Params epi_store_pipeline_params;
+    epi_store_pipeline_params.always_wait = true;
+    EpiStorePipeline epi_store_pipeline(epi_store_pipeline_params);
+
+    typename MathOrderBarrier::Params math_order_params;
+    math_order_params.group_id = warp_group > 0 ? warp_group - 1 : 0;  // the producer never uses it
+    math_order_params.group_size = cutlass::NumThreadsPerWarpGroup;
+    MathOrderBarrier math_order(shared_storage.pipelines.math_order, math_order_params);
+
+    typename CollectiveMainloop::PipelineState mainloop_pipe_consumer_state;
+    typename CollectiveEpilogue::LoadPipelineState epi_load_pipe_consumer_state;
+    auto mainloop_pipe_producer_state = cutlass::make_producer_start_state<MainloopPipeline>();
+    auto epi_load_pipe_producer_state = cutlass::make_producer_start_state<EpiLoadPipeline>();
+    auto epi_store_pipe_producer_state = cutlass::make_producer_start_state<EpiStorePipeline>();
+
+    __syncthreads();  // pipeline and order barriers initialised before anyone uses them (cluster of one)
+
+    auto blk_shape = TileShape{};
+    TiledMma tiled_mma;
+    auto problem_shape_MNKL = append<4>(params.base.problem_shape, Int<1>{});
+
+    CollectiveMainloop collective_mainloop;
+    auto load_inputs = collective_mainloop.load_init(problem_shape_MNKL, params.base.mainloop);
+    cute::Tensor gA_mkl = get<0>(load_inputs);
+    cute::Tensor gB_nkl = get<1>(load_inputs);
+    const int k_tile_count = int(size<3>(gA_mkl));
+    const auto c_tile_count = CollectiveEpilogue::get_load_pipe_increment(blk_shape);
+    const auto d_tile_count = CollectiveEpilogue::get_store_pipe_increment(blk_shape);
+    const int tiles = params.tiles_m * params.tiles_n;
+    auto tile_coord = [&](int t) {
+      return make_coord(idx2crd(t / params.tiles_n, shape<2>(gA_mkl)), idx2crd(t % params.tiles_n, shape<2>(gB_nkl)),
+                        _, Int<0>{});
+    };
+
+    if (warp_group == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<LoadRegisters>();
+      if (is_load_warp) {
+        cutlass::arch::wait_on_dependent_grids();
+        for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+          auto k_tile_iter = cute::make_coord_iterator(shape<3>(gA_mkl));
+          collective_mainloop.load(params.base.mainloop, mainloop_pipeline, mainloop_pipe_producer_state,
+                                   load_inputs, tile_coord(t), k_tile_iter, k_tile_count, lane_idx,
+                                   block_rank_in_cluster, shared_storage.tensors.mainloop);
+          mainloop_pipe_producer_state.advance(k_tile_count);
+        }
+        collective_mainloop.load_tail(mainloop_pipeline, mainloop_pipe_producer_state);
+      } else if (is_epi_load_warp) {
+        CollectiveEpilogue collective_epilogue(params.base.epilogue, shared_storage.tensors.epilogue);
+        if (collective_epilogue.is_producer_load_needed()) {
+          cutlass::arch::wait_on_dependent_grids();
+          for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+            epi_load_pipe_producer_state =
+                collective_epilogue.load(epi_load_pipeline, epi_load_pipe_producer_state, problem_shape_MNKL,
+                                         blk_shape, tile_coord(t), tiled_mma, lane_idx,
+                                         shared_storage.tensors.epilogue);
+          }
+          collective_epilogue.load_tail(epi_load_pipeline, epi_load_pipe_producer_state);
+        }
+      }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<MmaRegisters>();
+      const int wg = warp_group - 1;
+      if (wg == 1) {  // start after the first warpgroup's tile in every pipeline
+        mainloop_pipe_consumer_state.advance(k_tile_count);
+        epi_load_pipe_consumer_state.advance(c_tile_count);
+        epi_store_pipe_producer_state.advance(d_tile_count);
+      }
+      CollectiveEpilogue collective_epilogue(params.base.epilogue, shared_storage.tensors.epilogue);
+      for (int t = int(blockIdx.x) + wg * int(gridDim.x); t < tiles; t += 2 * int(gridDim.x)) {
+        cute::Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(blk_shape));
+        math_order.wait();  // MMAs of the two warpgroups in turn
+        collective_mainloop.mma(mainloop_pipeline, mainloop_pipe_consumer_state, accumulators, k_tile_count,
+                                warp_group_thread_idx, shared_storage.tensors.mainloop, params.base.mainloop);
+        math_order.arrive();
+        collective_mainloop.mma_tail(mainloop_pipeline, mainloop_pipe_consumer_state, k_tile_count);
+        mainloop_pipe_consumer_state.advance(k_tile_count * NumMmaWarpGroups);
+        math_order.wait();  // epilogues in turn: they share the epilogue's shared memory
+        auto [epi_load_next, epi_store_next] = collective_epilogue.store(
+            epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline, epi_store_pipe_producer_state,
+            problem_shape_MNKL, blk_shape, tile_coord(t), accumulators, tiled_mma, warp_group_thread_idx,
+            shared_storage.tensors.epilogue);
+        // This warpgroup's TMA stores must finish before the other warpgroup's epilogue reuses the buffers.
+        auto [epi_load_done, epi_store_done] =
+            collective_epilogue.store_tail(epi_load_pipeline, epi_load_next, epi_store_pipeline, epi_store_next);
+        epi_load_pipe_consumer_state = epi_load_done;
+        epi_store_pipe_producer_state = epi_store_done;
+        epi_load_pipe_consumer_state.advance(c_tile_count);
+        epi_store_pipe_producer_state.advance(d_tile_count);
+        math_order.arrive();
+      }
+      cutlass::arch::launch_dependent_grids();
+    }
+#endif
+  }
+};
+
 // dw[e] = sum_{s < splits} part[s * count + e], s ascending (deterministic). count % 4 == 0, 16-byte aligned.
 __global__ void ReduceWgradSplits(const float4* __restrict__ part, int64_t splits, int64_t count4,
                                   float4* __restrict__ dw) {
@@ -647,6 +824,24 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// The current device's multiprocessors (cached per device; an attribute query does not synchronise): the
+// ping-pong kernel runs one block per SM.
+int64_t MultiprocessorCount() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return kPlanSms;
+  if (dev < 64) {
+    if (const int v = cache[dev].load(std::memory_order_relaxed); v != 0) return v;
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
+    cudaGetLastError();
+    return kPlanSms;
+  }
+  if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
 template <class Cfg>
 cudaError_t RunFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t stream) {
   using Kernel = typename Cfg::Kernel;
@@ -656,6 +851,7 @@ cudaError_t RunFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream
   const auto args = MakeArguments<Cfg>(pr, a, a.out);
   if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Kernel::can_implement(args)) return cudaErrorNotSupported;
   using Persistent = PersistentConvKernel<Kernel>;
+  using Pingpong = PingpongConvKernel<Kernel>;
   typename Persistent::Params params;
   // Encodes the TMA descriptors on the host (driver entry point via the runtime; no workspace).
   params.base = Kernel::to_underlying_arguments(args, nullptr);
@@ -665,6 +861,14 @@ cudaError_t RunFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream
   params.tiles_n = int(tiles.y);
   // Several blocks per SM over the run rather than exactly one: a GPU with fewer SMs than kPlanSms then loses
   // little to the last partial wave, and no device query is needed.
+  static const int schedule = [] {  // TEMPORARY A/B switch for the device run; removed before landing
+    const char* v = std::getenv("JAXCONV_DEV_SM90_SCHEDULE");
+    return v == nullptr ? 1 : std::atoi(v);
+  }();
+  if (schedule == 1) {
+    const int64_t blocks = std::min<int64_t>(int64_t(tiles.x) * tiles.y, MultiprocessorCount());
+    return LaunchKernel<Pingpong>(params, dim3(unsigned(blocks), 1, 1), stream);
+  }
   const int64_t blocks = std::min<int64_t>(int64_t(tiles.x) * tiles.y, kPersistentWaves * kPlanSms);
   return LaunchKernel<Persistent>(params, dim3(unsigned(blocks), 1, 1), stream);
 }
