@@ -11,7 +11,6 @@
 // mma.sync kernels (igemm_sm80.cu), else the direct kernels (also for empty problems).
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "algorithms.h"
 #include "cuda/common.cuh"
@@ -207,11 +206,6 @@ cudaError_t DirectFallback(const ConvParams& p, CudaOp op, DT in, DT out, const 
 // the fprop with short reductions (1x1 layers with c <= 512) or k < 128, and the dgrad with c < 128 (one
 // consumer warpgroup's epilogue dominates short mainloops); the Hopper kernels win every filter gradient.
 bool PreferSm90(const IgemmProblem& pr, CudaOp op) {
-  static const bool always = [] {  // TEMPORARY A/B switch for the device run; removed before landing
-    const char* v = std::getenv("JAXCONV_DEV_SM90_SCHEDULE");
-    return v != nullptr && std::atoi(v) == 2;
-  }();
-  if (always) return true;
   switch (op) {
     case CudaOp::kFwd: return pr.k >= 128 && pr.c * pr.win[0] * pr.win[1] * pr.win[2] >= 576;
     case CudaOp::kDgrad: return pr.c >= 128;
