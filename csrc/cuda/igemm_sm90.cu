@@ -1,10 +1,11 @@
 // Hopper implicit-GEMM convolutions (igemm.h): CUTLASS 3.x conv collectives (TMA im2col loads, wgmma,
 // warp-specialised producer/consumer kernel), sm_90a only.
 //
-// Instantiations (one per op x math; f32 accumulation everywhere), all rank-3 (ConvProblemShape<op, 3>):
-//   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32), out = operand type, fused y = act(acc + bias[k])
-//   dgrad  bf16, f16         tile 128x128x64, out = operand type, unit stride only (the sm90 collective has no
-//                            strided dgrad), no bias/act
+// Instantiations (one per op x math x tile width; f32 accumulation everywhere), all rank-3 (ConvProblemShape<op, 3>):
+//   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32; bf16/f16 with k <= 64: 128x64x64), out = operand type,
+//                            fused y = act(acc + bias[k])
+//   dgrad  bf16, f16         tile 128x128x64 (c <= 64: 128x64x64), out = operand type, unit stride only (the sm90
+//                            collective has no strided dgrad), no bias/act
 //   wgrad  bf16, f16         tile 128x64x64 (M = K, N = C of one filter tap, K = N*Z*P*Q), f32 out, deterministic
 //                            split-K over N*Z*P*Q: partial sums in the workspace, reduced in a fixed order
 // tf32 dgrad/wgrad do not exist: wgmma reads tf32 operands K-major only, and those ops need an MN-major operand.
@@ -59,6 +60,9 @@ using cutlass::conv::Operator;
 // ---------------------------------------------------------------------------------------------------------------
 // Tile constants shared by the host-side plan (split-K, grid checks) and the kernel types.
 constexpr int kFwdTileM = 128, kFwdTileN = 128;  // fprop/dgrad: M = output pixels, N = output channels
+// 16-bit fprop/dgrad whose GEMM N (fprop k, dgrad c) is at most 64 use 128x64 tiles: a 128-wide tile would
+// spend half its MMAs on zero columns (ResNet's 64-channel layers).
+constexpr int kNarrowTileN = 64;
 constexpr int kWgTileM = 128, kWgTileN = 64, kWgTileK = 64;  // wgrad: M = K, N = C (one tap), K = pixels
 constexpr int64_t kMaxSplits = 256;
 constexpr int64_t kMaxSplitWorkspace = int64_t(256) << 20;  // bytes of wgrad partial sums at most
@@ -73,12 +77,12 @@ constexpr int Align16B() {
   return 128 / cutlass::sizeof_bits<T>::value;
 }
 
-template <class T>
+template <class T, int TileN = kFwdTileN>
 struct FpropCfg {
   static constexpr Operator kOp = Operator::kFprop;
   using Element = T;
   using TileK = cute::conditional_t<cute::is_same_v<T, float>, _32, _64>;  // 128-byte rows
-  using TileShape = Shape<Int<kFwdTileM>, Int<kFwdTileN>, Shape<TileK>>;
+  using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<TileK>>;
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
@@ -93,11 +97,11 @@ struct FpropCfg {
   using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
 };
 
-template <class T>
+template <class T, int TileN = kFwdTileN>
 struct DgradCfg {
   static constexpr Operator kOp = Operator::kDgrad;
   using Element = T;
-  using TileShape = Shape<Int<kFwdTileM>, Int<kFwdTileN>, Shape<_64>>;
+  using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<_64>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::TensorNDHWC,
@@ -665,6 +669,9 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// Whether a 16-bit fprop/dgrad takes the 128 x kNarrowTileN tiles.
+bool NarrowN(const IgemmProblem& pr, CudaOp op) { return (op == CudaOp::kFwd ? pr.k : pr.c) <= kNarrowTileN; }
+
 // The current device's multiprocessors (cached per device; an attribute query does not synchronise): the
 // ping-pong kernel runs one block per SM.
 int64_t MultiprocessorCount() {
@@ -751,12 +758,22 @@ bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
   if (!BasicChecks(pr, op, math)) return false;
   switch (op) {
     case CudaOp::kFwd:
-      if (math == IgemmMath::kBF16) return CanImplement<FpropCfg<cutlass::bfloat16_t>>(pr);
-      if (math == IgemmMath::kF16) return CanImplement<FpropCfg<cutlass::half_t>>(pr);
+      if (math == IgemmMath::kBF16) {
+        return NarrowN(pr, op) ? CanImplement<FpropCfg<cutlass::bfloat16_t, kNarrowTileN>>(pr)
+                               : CanImplement<FpropCfg<cutlass::bfloat16_t>>(pr);
+      }
+      if (math == IgemmMath::kF16) {
+        return NarrowN(pr, op) ? CanImplement<FpropCfg<cutlass::half_t, kNarrowTileN>>(pr)
+                               : CanImplement<FpropCfg<cutlass::half_t>>(pr);
+      }
       return CanImplement<FpropCfg<float>>(pr);
     case CudaOp::kDgrad:
-      if (math == IgemmMath::kBF16) return CanImplement<DgradCfg<cutlass::bfloat16_t>>(pr);
-      return CanImplement<DgradCfg<cutlass::half_t>>(pr);
+      if (math == IgemmMath::kBF16) {
+        return NarrowN(pr, op) ? CanImplement<DgradCfg<cutlass::bfloat16_t, kNarrowTileN>>(pr)
+                               : CanImplement<DgradCfg<cutlass::bfloat16_t>>(pr);
+      }
+      return NarrowN(pr, op) ? CanImplement<DgradCfg<cutlass::half_t, kNarrowTileN>>(pr)
+                             : CanImplement<DgradCfg<cutlass::half_t>>(pr);
     case CudaOp::kWgrad:
       if (math == IgemmMath::kBF16) return CanImplement<WgradCfg<cutlass::bfloat16_t>>(pr);
       return CanImplement<WgradCfg<cutlass::half_t>>(pr);
@@ -791,13 +808,23 @@ cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
     case CudaOp::kFwd:
       // kF32 out is the operand type for tf32 (f32 operands); 16-bit operands write 16-bit only.
       if (args.out_type != IgemmOut::kSame && math != IgemmMath::kTF32) return cudaErrorNotSupported;
-      if (math == IgemmMath::kBF16) return RunFwdOrDgrad<FpropCfg<cutlass::bfloat16_t>>(pr, args, stream);
-      if (math == IgemmMath::kF16) return RunFwdOrDgrad<FpropCfg<cutlass::half_t>>(pr, args, stream);
+      if (math == IgemmMath::kBF16) {
+        return NarrowN(pr, op) ? RunFwdOrDgrad<FpropCfg<cutlass::bfloat16_t, kNarrowTileN>>(pr, args, stream)
+                               : RunFwdOrDgrad<FpropCfg<cutlass::bfloat16_t>>(pr, args, stream);
+      }
+      if (math == IgemmMath::kF16) {
+        return NarrowN(pr, op) ? RunFwdOrDgrad<FpropCfg<cutlass::half_t, kNarrowTileN>>(pr, args, stream)
+                               : RunFwdOrDgrad<FpropCfg<cutlass::half_t>>(pr, args, stream);
+      }
       return RunFwdOrDgrad<FpropCfg<float>>(pr, args, stream);
     case CudaOp::kDgrad:
       if (args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
-      if (math == IgemmMath::kBF16) return RunFwdOrDgrad<DgradCfg<cutlass::bfloat16_t>>(pr, args, stream);
-      return RunFwdOrDgrad<DgradCfg<cutlass::half_t>>(pr, args, stream);
+      if (math == IgemmMath::kBF16) {
+        return NarrowN(pr, op) ? RunFwdOrDgrad<DgradCfg<cutlass::bfloat16_t, kNarrowTileN>>(pr, args, stream)
+                               : RunFwdOrDgrad<DgradCfg<cutlass::bfloat16_t>>(pr, args, stream);
+      }
+      return NarrowN(pr, op) ? RunFwdOrDgrad<DgradCfg<cutlass::half_t, kNarrowTileN>>(pr, args, stream)
+                             : RunFwdOrDgrad<DgradCfg<cutlass::half_t>>(pr, args, stream);
     case CudaOp::kWgrad:
       if (math == IgemmMath::kBF16) return RunWgrad<WgradCfg<cutlass::bfloat16_t>>(pr, args, stream);
       return RunWgrad<WgradCfg<cutlass::half_t>>(pr, args, stream);

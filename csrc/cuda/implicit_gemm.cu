@@ -207,8 +207,8 @@ cudaError_t DirectFallback(const ConvParams& p, CudaOp op, DT in, DT out, const 
 // consumer warpgroup's epilogue dominates short mainloops); the Hopper kernels win every filter gradient.
 bool PreferSm90(const IgemmProblem& pr, CudaOp op) {
   switch (op) {
-    case CudaOp::kFwd: return pr.k >= 128 && pr.c * pr.win[0] * pr.win[1] * pr.win[2] >= 576;
-    case CudaOp::kDgrad: return pr.c >= 128;
+    case CudaOp::kFwd: return pr.k >= 64 && pr.c * pr.win[0] * pr.win[1] * pr.win[2] >= 576;
+    case CudaOp::kDgrad: return pr.c >= 64;
     default: return true;
   }
 }
