@@ -60,6 +60,8 @@ CASES = {
     "1x1_gemm_c256_k64": ((2, 13, 11, 256), (1, 1), "VALID", (1, 1), (1, 1), 64),
     "1x1_gemm_c520_k136": ((1, 5, 5, 520), (1, 1), "VALID", (1, 1), (1, 1), 136),
     "1x1_gemm_split": ((1, 97, 101, 64), (1, 1), "VALID", (1, 1), (1, 1), 128),
+    # GEMM N <= 64 (fwd/wgrad k, dgrad c): 64-wide tiles, here partial (40 of 64)
+    "1x1_gemm_c72_k40": ((2, 9, 11, 72), (1, 1), "VALID", (1, 1), (1, 1), 40),
 }
 ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
 # dtype name -> (operand dtype, precision, tolerance)

@@ -5,8 +5,9 @@
 //   fwd    y  = act(x @ w + bias)   A = x  RowMajor (K-major), B = w RowMajor (N-major)       pingpong 128x128x64
 //   dgrad  dx = dy @ w^T            A = dy RowMajor (K-major), B = w ColumnMajor (K-major)    pingpong 128x128x64
 //   wgrad  dw = x^T @ dy            A = x ColumnMajor (M-major), B = dy RowMajor (N-major)    cooperative 128x128x64
-// Instantiations: those three x {bf16, f16}, f32 accumulation, cluster 1x1x1 (the filter operand is small and
-// L2-resident, so multicast buys little, and odd M tails cost nothing extra).
+// Instantiations: those three x {bf16, f16} x {128, 64}-wide N tiles (64 when the GEMM's N is at most 64), f32
+// accumulation, cluster 1x1x1 (the filter operand is small and L2-resident, so multicast buys little, and odd M
+// tails cost nothing extra).
 // wgrad's reduction (M pixels) is long while C x K is small: a deterministic split over M. The pixels are cut
 // into `splits` equal ranges of `per` pixels, run as one batched GEMM (L = splits, each batch writes its own f32
 // slice of the workspace), plus, when splits does not divide M, one more GEMM over the last M - splits*per
@@ -48,6 +49,9 @@ namespace cuda {
 namespace {
 
 constexpr int64_t kTileM = 128, kTileN = 128, kTileK = 64;
+// GEMMs whose N (fwd and wgrad k, dgrad c) is at most 64 use 128x64 tiles: a 128-wide tile would spend half
+// its MMAs on zero columns (ResNet's 64-channel layers, first layers' k = 64).
+constexpr int64_t kNarrowTileN = 64;
 constexpr int64_t kMaxElems = int64_t(1) << 36;             // per tensor: TMA strides < 2^40 bytes
 constexpr int64_t kMaxSplits = 64;
 constexpr int64_t kMaxSplitWorkspace = int64_t(256) << 20;  // wgrad partial sums (beyond one slice)
@@ -87,7 +91,7 @@ struct WgradPlan {
 };
 
 WgradPlan PlanWgrad(const Dims& g) {
-  const int64_t tiles_mn = CeilDiv(g.c, kTileM) * CeilDiv(g.k, kTileN);
+  const int64_t tiles_mn = CeilDiv(g.c, kTileM) * CeilDiv(g.k, g.k <= kNarrowTileN ? kNarrowTileN : kTileN);
   const int64_t slice_bytes = g.c * g.k * int64_t(sizeof(float));
   constexpr double kTileOverhead = 4.0;    // pipeline fill + epilogue, in k tiles
   constexpr double kPerPartial = 1e-5;     // write + read one f32 partial, in k tiles (spread over the GPU)
@@ -120,11 +124,13 @@ size_t WgradPartialBytes(const Dims& g) {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// Whether the op's GEMM N (fwd and wgrad k, dgrad c) takes the kNarrowTileN-wide tiles.
+bool NarrowN(const Dims& g, CudaOp op) { return (op == CudaOp::kDgrad ? g.c : g.k) <= kNarrowTileN; }
+
 using namespace cute;
 
 
 using Cluster = Shape<_1, _1, _1>;
-using Tile = Shape<Int<kTileM>, Int<kTileN>, Int<kTileK>>;
 using RowMajor = cutlass::layout::RowMajor;
 using ColMajor = cutlass::layout::ColumnMajor;
 
@@ -134,8 +140,9 @@ constexpr int Align16B() {
 }
 
 // One GEMM type: operands T with layouts LA, LB, output TD (RowMajor M x N), f32 accumulation, no C operand.
-template <class T, class LA, class LB, class TD, class MainSchedule, class EpiSchedule, class Fusion>
+template <class T, int TN, class LA, class LB, class TD, class MainSchedule, class EpiSchedule, class Fusion>
 struct GemmCfg {
+  using Tile = Shape<Int<kTileM>, Int<TN>, Int<kTileK>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, RowMajor, Align16B<TD>(), TD, RowMajor,
@@ -149,16 +156,16 @@ struct GemmCfg {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-template <class T>
-using FwdGemm = typename GemmCfg<T, RowMajor, RowMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+template <class T, int TN>
+using FwdGemm = typename GemmCfg<T, TN, RowMajor, RowMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                  cutlass::epilogue::TmaWarpSpecialized,
                                  cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>>::Gemm;
-template <class T>
-using DgradGemm = typename GemmCfg<T, RowMajor, ColMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+template <class T, int TN>
+using DgradGemm = typename GemmCfg<T, TN, RowMajor, ColMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                    cutlass::epilogue::TmaWarpSpecialized,
                                    cutlass::epilogue::fusion::LinearCombination<T, float, void, float>>::Gemm;
-template <class T>
-using WgradGemm = typename GemmCfg<T, ColMajor, RowMajor, float, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+template <class T, int TN>
+using WgradGemm = typename GemmCfg<T, TN, ColMajor, RowMajor, float, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                    cutlass::epilogue::TmaWarpSpecializedCooperative,
                                    cutlass::epilogue::fusion::LinearCombination<float, float, void, float>>::Gemm;
 
@@ -178,10 +185,10 @@ typename Gemm::Arguments BaseArgs(int64_t m, int64_t n, int64_t k, int64_t l) {
 }
 
 // y (M x K) = act(x (M x C) @ w (C x K) + bias).
-template <class T>
-typename FwdGemm<T>::Arguments FwdArgs(const Dims& g, const void* x, const void* w, const void* bias, int64_t act,
+template <class T, int TN>
+typename FwdGemm<T, TN>::Arguments FwdArgs(const Dims& g, const void* x, const void* w, const void* bias, int64_t act,
                                        void* y) {
-  auto args = BaseArgs<FwdGemm<T>>(g.m, g.k, g.c, 1);
+  auto args = BaseArgs<FwdGemm<T, TN>>(g.m, g.k, g.c, 1);
   args.mainloop.ptr_A = static_cast<const T*>(x);
   get<0>(args.mainloop.dA) = g.c;  // A[m][kk] = x[m*C + kk]
   get<2>(args.mainloop.dA) = g.m * g.c;
@@ -198,9 +205,9 @@ typename FwdGemm<T>::Arguments FwdArgs(const Dims& g, const void* x, const void*
 }
 
 // dx (M x C) = dy (M x K) @ w^T.
-template <class T>
-typename DgradGemm<T>::Arguments DgradArgs(const Dims& g, const void* dy, const void* w, void* dx) {
-  auto args = BaseArgs<DgradGemm<T>>(g.m, g.c, g.k, 1);
+template <class T, int TN>
+typename DgradGemm<T, TN>::Arguments DgradArgs(const Dims& g, const void* dy, const void* w, void* dx) {
+  auto args = BaseArgs<DgradGemm<T, TN>>(g.m, g.c, g.k, 1);
   args.mainloop.ptr_A = static_cast<const T*>(dy);
   get<0>(args.mainloop.dA) = g.k;  // A[m][kk] = dy[m*K + kk]
   get<2>(args.mainloop.dA) = g.m * g.k;
@@ -215,10 +222,10 @@ typename DgradGemm<T>::Arguments DgradArgs(const Dims& g, const void* dy, const 
 }
 
 // `l` batches of `pixels` pixels from pixel `first` on: partial[b] (C x K) = x[rows of batch b]^T @ dy[same rows].
-template <class T>
-typename WgradGemm<T>::Arguments WgradArgs(const Dims& g, const void* x, const void* dy, int64_t first,
+template <class T, int TN>
+typename WgradGemm<T, TN>::Arguments WgradArgs(const Dims& g, const void* x, const void* dy, int64_t first,
                                            int64_t pixels, int64_t l, float* partial) {
-  auto args = BaseArgs<WgradGemm<T>>(g.c, g.k, pixels, l);
+  auto args = BaseArgs<WgradGemm<T, TN>>(g.c, g.k, pixels, l);
   args.mainloop.ptr_A = x == nullptr ? nullptr : static_cast<const T*>(x) + first * g.c;
   get<1>(args.mainloop.dA) = g.c;  // A[m=c][kk=pix][b] = x[(b*pixels + pix)*C + c]
   get<2>(args.mainloop.dA) = pixels * g.c;
@@ -252,66 +259,66 @@ cudaError_t Launch(const typename Gemm::Arguments& args, void* ws, cudaStream_t 
 }
 
 // The kernels' own workspace (the persistent scheduler needs none; kept general). Pointers play no part.
-template <class T>
+template <class T, int TN>
 size_t KernelWorkspace(const Dims& g, CudaOp op) {
   switch (op) {
-    case CudaOp::kFwd: return FwdGemm<T>::get_workspace_size(FwdArgs<T>(g, nullptr, nullptr, nullptr, 0, nullptr));
-    case CudaOp::kDgrad: return DgradGemm<T>::get_workspace_size(DgradArgs<T>(g, nullptr, nullptr, nullptr));
+    case CudaOp::kFwd: return FwdGemm<T, TN>::get_workspace_size(FwdArgs<T, TN>(g, nullptr, nullptr, nullptr, 0, nullptr));
+    case CudaOp::kDgrad: return DgradGemm<T, TN>::get_workspace_size(DgradArgs<T, TN>(g, nullptr, nullptr, nullptr));
     default: {
       const WgradPlan pl = PlanWgrad(g);
-      size_t b = WgradGemm<T>::get_workspace_size(WgradArgs<T>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr));
+      size_t b = WgradGemm<T, TN>::get_workspace_size(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr));
       if (pl.rem > 0) {
-        b = std::max(b, WgradGemm<T>::get_workspace_size(WgradArgs<T>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
+        b = std::max(b, WgradGemm<T, TN>::get_workspace_size(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
       }
       return b;
     }
   }
 }
 
-template <class T>
+template <class T, int TN>
 bool KernelsImplement(const Dims& g, CudaOp op) {
   switch (op) {
-    case CudaOp::kFwd: return CanImplement<FwdGemm<T>>(FwdArgs<T>(g, nullptr, nullptr, nullptr, 0, nullptr));
-    case CudaOp::kDgrad: return CanImplement<DgradGemm<T>>(DgradArgs<T>(g, nullptr, nullptr, nullptr));
+    case CudaOp::kFwd: return CanImplement<FwdGemm<T, TN>>(FwdArgs<T, TN>(g, nullptr, nullptr, nullptr, 0, nullptr));
+    case CudaOp::kDgrad: return CanImplement<DgradGemm<T, TN>>(DgradArgs<T, TN>(g, nullptr, nullptr, nullptr));
     default: {
       const WgradPlan pl = PlanWgrad(g);
-      return CanImplement<WgradGemm<T>>(WgradArgs<T>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr)) &&
-             (pl.rem == 0 || CanImplement<WgradGemm<T>>(WgradArgs<T>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
+      return CanImplement<WgradGemm<T, TN>>(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr)) &&
+             (pl.rem == 0 || CanImplement<WgradGemm<T, TN>>(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
     }
   }
 }
 
 // Workspace: [wgrad f32 partial slices, 256-aligned][kernel workspace].
-template <class T>
+template <class T, int TN>
 cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b, const void* bias,
                      void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   const Dims g = DimsOf(p);
   const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g) : 0;
-  const size_t need = partial + AlignUp(KernelWorkspace<T>(g, op));
+  const size_t need = partial + AlignUp(KernelWorkspace<T, TN>(g, op));
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) return cudaErrorInvalidValue;
   char* kernel_ws = static_cast<char*>(workspace) + partial;
   switch (op) {
     case CudaOp::kFwd: {
-      const auto args = FwdArgs<T>(g, a, b, p.has_bias[0] ? bias : nullptr, p.activation[0], out_buf);
-      if (!CanImplement<FwdGemm<T>>(args)) return cudaErrorNotSupported;
-      return Launch<FwdGemm<T>>(args, kernel_ws, s);
+      const auto args = FwdArgs<T, TN>(g, a, b, p.has_bias[0] ? bias : nullptr, p.activation[0], out_buf);
+      if (!CanImplement<FwdGemm<T, TN>>(args)) return cudaErrorNotSupported;
+      return Launch<FwdGemm<T, TN>>(args, kernel_ws, s);
     }
     case CudaOp::kDgrad: {
-      const auto args = DgradArgs<T>(g, a, b, out_buf);
-      if (!CanImplement<DgradGemm<T>>(args)) return cudaErrorNotSupported;
-      return Launch<DgradGemm<T>>(args, kernel_ws, s);
+      const auto args = DgradArgs<T, TN>(g, a, b, out_buf);
+      if (!CanImplement<DgradGemm<T, TN>>(args)) return cudaErrorNotSupported;
+      return Launch<DgradGemm<T, TN>>(args, kernel_ws, s);
     }
     default: {
       const WgradPlan pl = PlanWgrad(g);
       float* slices = static_cast<float*>(workspace);
-      const auto main_args = WgradArgs<T>(g, a, b, 0, pl.per, pl.splits, slices);
+      const auto main_args = WgradArgs<T, TN>(g, a, b, 0, pl.per, pl.splits, slices);
       const auto tail_args =
-          WgradArgs<T>(g, a, b, pl.splits * pl.per, pl.rem > 0 ? pl.rem : 1, 1, slices + pl.splits * g.c * g.k);
-      if (!CanImplement<WgradGemm<T>>(main_args) || (pl.rem > 0 && !CanImplement<WgradGemm<T>>(tail_args))) {
+          WgradArgs<T, TN>(g, a, b, pl.splits * pl.per, pl.rem > 0 ? pl.rem : 1, 1, slices + pl.splits * g.c * g.k);
+      if (!CanImplement<WgradGemm<T, TN>>(main_args) || (pl.rem > 0 && !CanImplement<WgradGemm<T, TN>>(tail_args))) {
         return cudaErrorNotSupported;
       }
-      cudaError_t e = Launch<WgradGemm<T>>(main_args, kernel_ws, s);
-      if (e == cudaSuccess && pl.rem > 0) e = Launch<WgradGemm<T>>(tail_args, kernel_ws, s);
+      cudaError_t e = Launch<WgradGemm<T, TN>>(main_args, kernel_ws, s);
+      if (e == cudaSuccess && pl.rem > 0) e = Launch<WgradGemm<T, TN>>(tail_args, kernel_ws, s);
       if (e != cudaSuccess) return e;
       return ReduceSplits(in, out, slices, pl.slices(), g.c * g.k, out_buf, s);  // fixed order
     }
@@ -323,8 +330,13 @@ cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* 
 bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out) {
 #if JAXCONV_GEMM1X1_KERNELS
   if (!BasicSupports(p, op, in, out)) return false;
-  return in == DT::kBF16 ? KernelsImplement<cutlass::bfloat16_t>(DimsOf(p), op)
-                         : KernelsImplement<cutlass::half_t>(DimsOf(p), op);
+  const Dims g = DimsOf(p);
+  if (NarrowN(g, op)) {
+    return in == DT::kBF16 ? KernelsImplement<cutlass::bfloat16_t, kNarrowTileN>(g, op)
+                           : KernelsImplement<cutlass::half_t, kNarrowTileN>(g, op);
+  }
+  return in == DT::kBF16 ? KernelsImplement<cutlass::bfloat16_t, kTileN>(g, op)
+                         : KernelsImplement<cutlass::half_t, kTileN>(g, op);
 #else
   (void)p, (void)op, (void)in, (void)out;
   return false;
@@ -336,8 +348,11 @@ size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out) 
   if (!Gemm1x1Sm90Supports(p, op, in, out)) return 0;
   const Dims g = DimsOf(p);
   const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g) : 0;
-  const size_t kernel = in == DT::kBF16 ? KernelWorkspace<cutlass::bfloat16_t>(g, op)
-                                        : KernelWorkspace<cutlass::half_t>(g, op);
+  const bool narrow = NarrowN(g, op);
+  const size_t kernel = in == DT::kBF16 ? (narrow ? KernelWorkspace<cutlass::bfloat16_t, kNarrowTileN>(g, op)
+                                                  : KernelWorkspace<cutlass::bfloat16_t, kTileN>(g, op))
+                                        : (narrow ? KernelWorkspace<cutlass::half_t, kNarrowTileN>(g, op)
+                                                  : KernelWorkspace<cutlass::half_t, kTileN>(g, op));
   return partial + AlignUp(kernel);
 #else
   (void)p, (void)op, (void)in, (void)out;
@@ -354,10 +369,16 @@ cudaError_t Gemm1x1Sm90Run(const ConvParams& p, CudaOp op, DT in, DT out, const 
   if (!Aligned16(a) || !Aligned16(b) || !Aligned16(out_buf)) return cudaErrorNotSupported;
   if (op == CudaOp::kFwd && p.has_bias[0] && (bias == nullptr || !Aligned16(bias))) return cudaErrorNotSupported;
   if (workspace != nullptr && !Aligned16(workspace)) return cudaErrorNotSupported;
+  const bool narrow = NarrowN(DimsOf(p), op);
   if (in == DT::kBF16) {
-    return RunTyped<cutlass::bfloat16_t>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+    return narrow ? RunTyped<cutlass::bfloat16_t, kNarrowTileN>(p, op, in, out, a, b, bias, out_buf, workspace,
+                                                               workspace_bytes, s)
+                  : RunTyped<cutlass::bfloat16_t, kTileN>(p, op, in, out, a, b, bias, out_buf, workspace,
+                                                         workspace_bytes, s);
   }
-  return RunTyped<cutlass::half_t>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+  return narrow ? RunTyped<cutlass::half_t, kNarrowTileN>(p, op, in, out, a, b, bias, out_buf, workspace,
+                                                         workspace_bytes, s)
+                : RunTyped<cutlass::half_t, kTileN>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
 #else
   (void)p, (void)op, (void)in, (void)out, (void)a, (void)b, (void)bias, (void)out_buf, (void)workspace;
   (void)workspace_bytes, (void)s;

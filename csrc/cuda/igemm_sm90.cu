@@ -6,8 +6,9 @@
 //                            fused y = act(acc + bias[k])
 //   dgrad  bf16, f16         tile 128x128x64 (c <= 64: 128x64x64), out = operand type, unit stride only (the sm90
 //                            collective has no strided dgrad), no bias/act
-//   wgrad  bf16, f16         tile 128x64x64 (M = K, N = C of one filter tap, K = N*Z*P*Q), f32 out, deterministic
-//                            split-K over N*Z*P*Q: partial sums in the workspace, reduced in a fixed order
+//   wgrad  bf16, f16         tile 128x64x64 (k <= 64: 64x64x64; M = K, N = C of one filter tap, K = N*Z*P*Q),
+//                            f32 out, deterministic split-K over N*Z*P*Q: partial sums in the workspace, reduced
+//                            in a fixed order
 // tf32 dgrad/wgrad do not exist: wgmma reads tf32 operands K-major only, and those ops need an MN-major operand.
 // CUTLASS's sm90 conv kernel is non-persistent and takes no tile scheduler (no stream-K, no persistent or ping-pong
 // schedules), so this file runs two variants of its body with the unchanged CUTLASS collectives: fprop/dgrad
@@ -64,6 +65,8 @@ constexpr int kFwdTileM = 128, kFwdTileN = 128;  // fprop/dgrad: M = output pixe
 // spend half its MMAs on zero columns (ResNet's 64-channel layers).
 constexpr int kNarrowTileN = 64;
 constexpr int kWgTileM = 128, kWgTileN = 64, kWgTileK = 64;  // wgrad: M = K, N = C (one tap), K = pixels
+constexpr int kWgNarrowTileM = 64;  // wgrad with k <= 64: a 128-row tile would spend half its MMAs on zero rows
+int64_t WgTileM(int64_t k) { return k <= kWgNarrowTileM ? kWgNarrowTileM : kWgTileM; }
 constexpr int64_t kMaxSplits = 256;
 constexpr int64_t kMaxSplitWorkspace = int64_t(256) << 20;  // bytes of wgrad partial sums at most
 constexpr int64_t kMaxGridY = 65535;
@@ -118,11 +121,11 @@ struct DgradCfg {
 // dw (K, (C,S,R,T)) with a batch (L) stride: the L index is the split, so each split writes its own f32 slice.
 using WgradStrideD = cute::Stride<int64_t, cute::Stride<_1, int64_t, int64_t, int64_t>, int64_t>;
 
-template <class T>
+template <class T, int TileM = kWgTileM>
 struct WgradCfg {
   static constexpr Operator kOp = Operator::kWgrad;
   using Element = T;
-  using TileShape = Shape<Int<kWgTileM>, Shape<Int<kWgTileN>>, Shape<Int<kWgTileK>>>;
+  using TileShape = Shape<Int<TileM>, Shape<Int<kWgTileN>>, Shape<Int<kWgTileK>>>;
   // Register-direct epilogue (as CUTLASS's own wgrad kernels): the output is small next to the reduction.
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
@@ -527,7 +530,7 @@ SplitPlan WgradPlan(const IgemmProblem& pr) {
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
   const int64_t gemm_k = pr.n * pr.out[0] * pr.out[1] * pr.out[2];
   const int64_t k_tiles = CeilDiv(gemm_k, kWgTileK);
-  const int64_t tiles_mn = CeilDiv(pr.k, kWgTileM) * CeilDiv(pr.c, kWgTileN) * taps;
+  const int64_t tiles_mn = CeilDiv(pr.k, WgTileM(pr.k)) * CeilDiv(pr.c, kWgTileN) * taps;
   const int64_t dw_elems = pr.k * taps * pr.c;
   constexpr double kCtaOverhead = 4.0;      // prologue fill + epilogue, in k tiles
   constexpr double kPerPartialElem = 1e-5;  // write + read one f32 partial, in k tiles (spread over the GPU)
@@ -735,7 +738,7 @@ cudaError_t RunWgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t st
   dim3 grid = Base::get_grid_shape(params.base);
   // Self-check against the plan's tile counts (the split ranges assume them).
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  if (int64_t(grid.x) != CeilDiv(pr.k, kWgTileM) || int64_t(grid.y) != CeilDiv(pr.c, kWgTileN) * taps ||
+  if (int64_t(grid.x) != CeilDiv(pr.k, WgTileM(pr.k)) || int64_t(grid.y) != CeilDiv(pr.c, kWgTileN) * taps ||
       grid.z != 1) {
     return cudaErrorNotSupported;
   }
@@ -775,8 +778,12 @@ bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
       return NarrowN(pr, op) ? CanImplement<DgradCfg<cutlass::half_t, kNarrowTileN>>(pr)
                              : CanImplement<DgradCfg<cutlass::half_t>>(pr);
     case CudaOp::kWgrad:
-      if (math == IgemmMath::kBF16) return CanImplement<WgradCfg<cutlass::bfloat16_t>>(pr);
-      return CanImplement<WgradCfg<cutlass::half_t>>(pr);
+      if (math == IgemmMath::kBF16) {
+        return WgTileM(pr.k) == kWgNarrowTileM ? CanImplement<WgradCfg<cutlass::bfloat16_t, kWgNarrowTileM>>(pr)
+                                               : CanImplement<WgradCfg<cutlass::bfloat16_t>>(pr);
+      }
+      return WgTileM(pr.k) == kWgNarrowTileM ? CanImplement<WgradCfg<cutlass::half_t, kWgNarrowTileM>>(pr)
+                                             : CanImplement<WgradCfg<cutlass::half_t>>(pr);
   }
   return false;
 #else
@@ -826,8 +833,13 @@ cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
       return NarrowN(pr, op) ? RunFwdOrDgrad<DgradCfg<cutlass::half_t, kNarrowTileN>>(pr, args, stream)
                              : RunFwdOrDgrad<DgradCfg<cutlass::half_t>>(pr, args, stream);
     case CudaOp::kWgrad:
-      if (math == IgemmMath::kBF16) return RunWgrad<WgradCfg<cutlass::bfloat16_t>>(pr, args, stream);
-      return RunWgrad<WgradCfg<cutlass::half_t>>(pr, args, stream);
+      if (math == IgemmMath::kBF16) {
+        return WgTileM(pr.k) == kWgNarrowTileM
+                   ? RunWgrad<WgradCfg<cutlass::bfloat16_t, kWgNarrowTileM>>(pr, args, stream)
+                   : RunWgrad<WgradCfg<cutlass::bfloat16_t>>(pr, args, stream);
+      }
+      return WgTileM(pr.k) == kWgNarrowTileM ? RunWgrad<WgradCfg<cutlass::half_t, kWgNarrowTileM>>(pr, args, stream)
+                                             : RunWgrad<WgradCfg<cutlass::half_t>>(pr, args, stream);
   }
   return cudaErrorNotSupported;
 #else
