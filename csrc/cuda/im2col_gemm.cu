@@ -142,7 +142,6 @@ __global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* _
     table[j] = (tr * g.wt + s * g.dil[2]) * g.c + ch;
   }
   const int segs = (g.out[2] + g.qt - 1) / g.qt, groups = g.cr / V, span = g.wt * g.c;
-  const int patch_elems = g.win0 * g.win1 * span;
   for (int b = blockIdx.x; b < row_count * segs; b += gridDim.x) {
     const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
     const int pp = row % g.out[1], zq = row / g.out[1];
@@ -150,18 +149,18 @@ __global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* _
     const E* xn = x + static_cast<int64_t>(n) * g.in[0] * g.in[1] * g.in[2] * g.c;
     const int w_lo = q0 * g.stride[2] - g.pad_lo[2];
     __syncthreads();  // the table is written; the previous tile's readers are done with the patch
-    for (int i = threadIdx.x; i < patch_elems; i += blockDim.x) {
-      const int tr = i / span, rem = i - tr * span, t = tr / g.win1, r = tr - t * g.win1;
-      const int wi = rem / g.c, ch = rem - wi * g.c;
+    // Patch row tr = (t, r) is the contiguous run of wt * c elements of x row (d, h) from column w_lo on; the
+    // elements outside [0, W * c) of that row are padding (ncu, run 45: the per-element divisions this loop
+    // had made the kernel issue-bound).
+    const int e_lo = max(0, -w_lo * g.c), e_hi = min(span, (g.in[2] - w_lo) * g.c);
+    for (int tr = 0; tr < g.win0 * g.win1; ++tr) {
+      const int t = tr / g.win1, r = tr - t * g.win1;
       const int d = z * g.stride[0] - g.pad_lo[0] + t * g.dil[0], h = pp * g.stride[1] - g.pad_lo[1] + r * g.dil[1];
-      const int w = w_lo + wi;
-      E val{};
-      if (static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
-          static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]) &&
-          static_cast<unsigned>(w) < static_cast<unsigned>(g.in[2])) {
-        val = xn[((d * g.in[1] + h) * g.in[2] + w) * g.c + ch];
-      }
-      patch[i] = val;
+      const bool row_ok = static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
+                          static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]);
+      const E* src = row_ok ? xn + (static_cast<int64_t>(d) * g.in[1] + h) * g.in[2] * g.c + int64_t(w_lo) * g.c : xn;
+      E* dst_row = patch + tr * span;
+      for (int e = threadIdx.x; e < span; e += blockDim.x) dst_row[e] = row_ok && e >= e_lo && e < e_hi ? src[e] : E{};
     }
     __syncthreads();
     uint4* dst = reinterpret_cast<uint4*>(cols + (static_cast<int64_t>(row) * g.out[2] + q0) * g.cr);
