@@ -35,8 +35,12 @@ CASES = {
     "dil2": ((1, 20, 21, 16), (3, 3), "SAME", (2, 2), (1, 1), 16),
     "7x7_s2_c8": ((2, 30, 29, 8), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
     "k264_c136": ((1, 9, 11, 136), (3, 3), "SAME", (1, 1), (1, 1), 264),
-    # k <= 64: the Hopper kernels' 128x64 tiles (bf16/f16), here with a partial N tile (40 of 64)
+    # k <= 64: the Hopper kernels' 128x64 tiles (bf16/f16), here with a partial N tile (40 of 64); so are the
+    # small cases above (fewer 128x128 tiles than an H100 has SMs). At least 132 128x128 tiles: fwd (wide_fwd)
+    # and dgrad (wide_dgrad, c = 136) on the 128-wide tiles.
     "narrow_k40_c72": ((2, 15, 13, 72), (3, 3), "SAME", (1, 1), (1, 1), 40),
+    "wide_fwd": ((6, 40, 40, 64), (3, 3), "SAME", (1, 1), (1, 1), 256),
+    "wide_dgrad": ((1, 96, 96, 136), (3, 3), "SAME", (1, 1), (1, 1), 64),
     "valid_5x3": ((2, 11, 12, 48), (5, 3), "VALID", (1, 1), (1, 1), 56),
     "conv1d": ((2, 101, 32), (5,), ((2, 2),), (1,), (1,), 24),
     "conv3d": ((1, 5, 9, 10, 16), (3, 3, 3), "SAME", (1, 1, 1), (1, 1, 1), 16),

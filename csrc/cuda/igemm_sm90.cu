@@ -2,9 +2,9 @@
 // warp-specialised producer/consumer kernel), sm_90a only.
 //
 // Instantiations (one per op x math x tile width; f32 accumulation everywhere), all rank-3 (ConvProblemShape<op, 3>):
-//   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32; bf16/f16 with k <= 64: 128x64x64), out = operand type,
-//                            fused y = act(acc + bias[k])
-//   dgrad  bf16, f16         tile 128x128x64 (c <= 64: 128x64x64), out = operand type, unit stride only (the sm90
+//   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32; bf16/f16 with k <= 64 or fewer tiles than SMs:
+//                            128x64x64), out = operand type, fused y = act(acc + bias[k])
+//   dgrad  bf16, f16         tile 128x128x64 (as fprop, with c), out = operand type, unit stride only (the sm90
 //                            collective has no strided dgrad), no bias/act
 //   wgrad  bf16, f16         tile 128x64x64 (k <= 64: 64x64x64; M = K, N = C of one filter tap, K = N*Z*P*Q),
 //                            f32 out, deterministic split-K over N*Z*P*Q: partial sums in the workspace, reduced
@@ -672,8 +672,15 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// Whether a 16-bit fprop/dgrad takes the 128 x kNarrowTileN tiles.
-bool NarrowN(const IgemmProblem& pr, CudaOp op) { return (op == CudaOp::kFwd ? pr.k : pr.c) <= kNarrowTileN; }
+// Whether a 16-bit fprop/dgrad takes the 128 x kNarrowTileN tiles: GEMM N at most 64, or fewer 128x128 tiles than
+// an H100 has SMs (ResNet-50's res5 3x3 at batch 32: 52 tiles for 132 SMs), where half-width tiles put twice as
+// many SMs to work. kPlanSms, not the device's count: Supports must not query the device.
+bool NarrowN(const IgemmProblem& pr, CudaOp op) {
+  const int64_t n = op == CudaOp::kFwd ? pr.k : pr.c;
+  if (n <= kNarrowTileN) return true;
+  const int64_t pixels = op == CudaOp::kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
+  return CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(n, kFwdTileN) < kPlanSms;
+}
 
 // The current device's multiprocessors (cached per device; an attribute query does not synchronise): the
 // ping-pong kernel runs one block per SM.
