@@ -203,9 +203,10 @@ cudaError_t DirectFallback(const ConvParams& p, CudaOp op, DT in, DT out, const 
 
 // Whether the Hopper kernels should run a problem they support. Measured on the H100 (ResNet-50 layers, bf16,
 // batch 32 and 128, jaxconv.autotune; benchmarks/algorithm_survey.py): the mma.sync kernels' narrow tiles win
-// the fprop with short reductions (taps * c < 576, e.g. 1x1 layers that the GEMM path does not take) or k < 64,
-// and the dgrad with c < 64; with their 128x64 tiles the Hopper kernels win k = 64 / c = 64 (DEVICE_RUNS run 44:
-// res2 3x3 b128 fwd 180 vs 230 µs, dgrad 169 vs 222) and every filter gradient.
+// the fprop with short reductions (taps * c < 576, e.g. 1x1 layers that the GEMM path does not take); with
+// their 128x64 tiles the Hopper kernels win k = 64 (fprop) and c = 64 (dgrad) (DEVICE_RUNS run 44: res2 3x3 b128
+// fwd 180 vs 230 µs, dgrad 169 vs 222) and every filter gradient. Below 64 channels (not re-measured with the
+// 128x64 tiles) the mma.sync kernels keep the problem.
 bool PreferSm90(const IgemmProblem& pr, CudaOp op) {
   switch (op) {
     case CudaOp::kFwd: return pr.k >= 64 && pr.c * pr.win[0] * pr.win[1] * pr.win[2] >= 576;
