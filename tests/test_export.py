@@ -155,3 +155,25 @@ def test_cuda_lowering_gives_the_tensor_core_path_its_staging_workspace():
     assert "xui8>" in result, (target, result)
     nbytes = int(result.split("xui8>")[0].rsplit("tensor<", 1)[1])
     assert nbytes >= least, (target, nbytes, least)
+
+
+@pytest.mark.skipif(not jaxconv.build_info()["cuda"], reason="jaxconv was built without CUDA")
+def test_cuda_lowering_bounds_the_first_layer_workspace():
+  """A first layer (3 channels, 7x7/2, as ResNet's stem) on the tensor-core path unrolls its window in chunks of
+  images: at batch 128 every op's workspace holds at least one image's unrolled window (112*112 pixels x 147
+  columns) but far less than the whole batch's (128 times that, ~480 MB)."""
+  x = jax.ShapeDtypeStruct((128, 224, 224, 3), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((7, 7, 3, 64), jnp.bfloat16)
+
+  def loss(x, w):
+    y = jaxconv.conv2d(x, w, stride=2, padding=((3, 3), (3, 3)), algorithm="implicit_gemm")
+    return jnp.sum(y.astype(jnp.float32))
+
+  exp = export.export(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), platforms=["cuda"],
+                      disabled_checks=CHECKS)(x, w)
+  one_image = 112 * 112 * 147 * 2
+  for target in ("jaxconv_fwd", "jaxconv_dgrad", "jaxconv_wgrad"):
+    lines = [ln for ln in exp.mlir_module().splitlines() if f"stablehlo.custom_call @{target}" in ln]
+    assert len(lines) == 1, (target, lines)
+    nbytes = int(lines[0].rsplit("->", 1)[1].split("xui8>")[0].rsplit("tensor<", 1)[1])
+    assert one_image <= nbytes < 128 * one_image // 4, (target, nbytes)
