@@ -62,7 +62,7 @@ using cutlass::conv::Operator;
 // Tile constants shared by the host-side plan (split-K, grid checks) and the kernel types.
 constexpr int kFwdTileM = 128, kFwdTileN = 128;  // fprop/dgrad: M = output pixels, N = output channels
 // 16-bit fprop/dgrad whose GEMM N (fprop k, dgrad c) is at most 64 use 128x64 tiles: a 128-wide tile would
-// spend half its MMAs on zero columns (ResNet's 64-channel layers).
+// spend half its MMAs on zero columns (ResNet's 64-channel layers). So do problems with few tiles (NarrowN).
 constexpr int kNarrowTileN = 64;
 constexpr int kWgTileM = 128, kWgTileN = 64, kWgTileK = 64;  // wgrad: M = K, N = C (one tap), K = pixels
 constexpr int kWgNarrowTileM = 64;  // wgrad with k <= 64: a 128-row tile would spend half its MMAs on zero rows
