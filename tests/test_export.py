@@ -134,6 +134,15 @@ def test_cuda_lowering_gives_the_filter_gradient_a_workspace_result():
   assert nbytes > 0 and nbytes % (9 * 4) == 0, nbytes  # splits x 9 filter taps x f32 partial sums
 
 
+def _workspace_result_bytes(mlir_text: str, target: str) -> int:
+  """Bytes of the u8 workspace result of the one custom call to `target` in a lowered module."""
+  lines = [ln for ln in mlir_text.splitlines() if f"stablehlo.custom_call @{target}" in ln]
+  assert len(lines) == 1, (target, lines)
+  result = lines[0].rsplit("->", 1)[1]
+  assert "xui8>" in result, (target, result)
+  return int(result.split("xui8>")[0].rsplit("tensor<", 1)[1])
+
+
 @pytest.mark.skipif(not jaxconv.build_info()["cuda"], reason="jaxconv was built without CUDA")
 def test_cuda_lowering_gives_the_tensor_core_path_its_staging_workspace():
   """On the tensor-core path every op has a workspace result: fwd and dgrad stage the filter as KTRSC (at
@@ -149,11 +158,7 @@ def test_cuda_lowering_gives_the_tensor_core_path_its_staging_workspace():
   text = exp.mlir_module()
   for target, least in (("jaxconv_fwd", 9 * 64 * 32 * 2), ("jaxconv_dgrad", 9 * 64 * 32 * 2),
                         ("jaxconv_wgrad", 9 * 64 * 32 * 4)):
-    lines = [ln for ln in text.splitlines() if f"stablehlo.custom_call @{target}" in ln]
-    assert len(lines) == 1, (target, lines)
-    result = lines[0].rsplit("->", 1)[1]
-    assert "xui8>" in result, (target, result)
-    nbytes = int(result.split("xui8>")[0].rsplit("tensor<", 1)[1])
+    nbytes = _workspace_result_bytes(text, target)
     assert nbytes >= least, (target, nbytes, least)
 
 
@@ -172,8 +177,7 @@ def test_cuda_lowering_bounds_the_first_layer_workspace():
   exp = export.export(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), platforms=["cuda"],
                       disabled_checks=CHECKS)(x, w)
   one_image = 112 * 112 * 147 * 2
+  text = exp.mlir_module()
   for target in ("jaxconv_fwd", "jaxconv_dgrad", "jaxconv_wgrad"):
-    lines = [ln for ln in exp.mlir_module().splitlines() if f"stablehlo.custom_call @{target}" in ln]
-    assert len(lines) == 1, (target, lines)
-    nbytes = int(lines[0].rsplit("->", 1)[1].split("xui8>")[0].rsplit("tensor<", 1)[1])
+    nbytes = _workspace_result_bytes(text, target)
     assert one_image <= nbytes < 128 * one_image // 4, (target, nbytes)
