@@ -33,8 +33,10 @@ import functools
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -197,6 +199,70 @@ def hlo_counts(hlo: str) -> dict:
           "hlo_convolutions": len(re.findall(r"\sconvolution\(", hlo))}
 
 
+# Convolution custom-call targets of the two backends, by op.
+_CONV_TARGETS = {"jaxconv_fwd": "fwd", "jaxconv_dgrad": "dgrad", "jaxconv_wgrad": "wgrad",
+                 "__cudnn$convForward": "fwd", "__cudnn$convBiasActivationForward": "fwd",
+                 "__cudnn$convBackwardInput": "dgrad", "__cudnn$convBackwardFilter": "wgrad"}
+
+
+def conv_instructions(hlo: str) -> dict:
+  """{instruction name: (op, (first operand, second operand, result) shapes)} for a compiled module's
+  convolution custom calls. fwd: (x, w) -> y; dgrad: (dy, w) -> dx; wgrad: (x, dy) -> dw, on both backends."""
+  shapes = {m.group(1): tuple(int(d) for d in m.group(2).split(",") if d)
+            for m in re.finditer(r"%([\w.\-]+) = \(?[a-z0-9]+\[([\d,]*)\]", hlo)}
+  out = {}
+  for m in re.finditer(r"%([\w.\-]+) = [^\n]*? custom-call\(([^)]*)\)[^\n]*custom_call_target=\"([^\"]+)\"", hlo):
+    op = _CONV_TARGETS.get(m.group(3))
+    if op is not None:
+      operands = re.findall(r"%([\w.\-]+)", m.group(2))[:2]
+      out[m.group(1)] = (op, tuple(shapes.get(o, ()) for o in operands) + (shapes.get(m.group(1), ()),))
+  for m in re.finditer(r"%([\w.\-]+) = [^\n]*? convolution\(([^)]*)\)", hlo):  # XLA's own (CPU): op unknown
+    operands = re.findall(r"%([\w.\-]+)", m.group(2))[:2]
+    out[m.group(1)] = ("conv", tuple(shapes.get(o, ()) for o in operands) + (shapes.get(m.group(1), ()),))
+  return out
+
+
+def profile_steps(compiled, state, x, y, steps: int):
+  """Runs `steps` steps under jax.profiler; returns (state, {hlo instruction: µs per step})."""
+  from jaxconv.bench import trace
+  d = tempfile.mkdtemp(prefix="resnet_step_trace_")
+  try:
+    with jax.profiler.trace(d):
+      for _ in range(steps):
+        state, loss = compiled(state, x, y)
+      jax.block_until_ready((state, loss))
+    module = re.search(r"HloModule ([\w.\-]+)", compiled.as_text()).group(1)
+    times = {k: v["ns"] / 1e3 / steps for k, v in trace.op_times(d, module).items()}
+  finally:
+    shutil.rmtree(d, ignore_errors=True)
+  return state, times
+
+
+def conv_breakdown(per_backend: dict) -> dict:
+  """Per-layer device time of the convolutions of each backend's step, matched across backends.
+
+  per_backend: {backend: (conv_instructions(hlo), {instruction: µs per step})}. Layers are matched by op and
+  the element counts of their operands and result (layouts differ between the backends); identical layers
+  (ResNet repeats blocks) are summed. Returns {"rows": [...], "totals": {backend: {"conv", "other", "all",
+  "unattributed"}}}, rows sorted by the largest time.
+  """
+  rows, totals = {}, {}
+  for b, (convs, times) in per_backend.items():
+    conv = sum(t for k, t in times.items() if k in convs)
+    totals[b] = {"conv": conv, "all": sum(times.values()), "unattributed": times.get("", 0.0)}
+    totals[b]["other"] = totals[b]["all"] - conv
+    for name, (op, shapes) in convs.items():
+      key = (op, tuple(sorted(int(np.prod(s)) for s in shapes)))
+      row = rows.setdefault(key, {"op": op, "shapes": None, "calls": {}, "us": {}})
+      if row["shapes"] is None or b == "jaxconv":  # jaxconv's shapes are the logical NHWC / HWIO ones
+        x, w = {"dgrad": (2, 1), "wgrad": (0, 2)}.get(op, (0, 1))
+        row["shapes"] = ("x".join(map(str, shapes[x])), "x".join(map(str, shapes[w])))
+      row["calls"][b] = row["calls"].get(b, 0) + 1
+      row["us"][b] = row["us"].get(b, 0.0) + times.get(name, 0.0)
+  ordered = sorted(rows.values(), key=lambda r: -max(r["us"].values()))
+  return {"rows": ordered, "totals": totals}
+
+
 def check_jaxconv_hlo(name: str, counts: dict) -> bool:
   """The point of the comparison: the jaxconv step runs every convolution on jaxconv's kernels.
 
@@ -322,6 +388,14 @@ def run_model(name: str, args, log=print) -> dict:
     paired = [l / j for l, j in zip(tl, tj)]  # same repeat, adjacent in time
     res["ratio_lax_over_jaxconv"] = statistics.median(tl) / statistics.median(tj)
     res["ratio_paired_min"], res["ratio_paired_max"] = min(paired), max(paired)
+  if args.profile_steps:
+    per_backend = {}
+    for b in backends:
+      states[b], times = profile_steps(compiled[b], states[b], x, y, args.profile_steps)
+      per_backend[b] = (conv_instructions(compiled[b].as_text()), times)
+    res["profile"] = conv_breakdown(per_backend)
+    res["profile"]["steps"] = args.profile_steps
+    log(profile_table(res["profile"], backends))
   del compiled, states
   return res
 
@@ -363,6 +437,31 @@ def table(results: list[dict]) -> str:
   return "\n".join(rows)
 
 
+def _ratio_cell(us: dict, on: bool) -> str:
+  if not on:
+    return ""
+  return f" {us['lax'] / us['jaxconv']:.2f} |" if us.get("jaxconv") and "lax" in us else " - |"
+
+
+def profile_table(prof: dict, backends) -> str:
+  """Markdown table of conv_breakdown's result: µs per step, per layer and op, then the totals."""
+  cols = " | ".join(f"{b} µs" for b in backends)
+  ratio = len(backends) == 2 and set(backends) == {"jaxconv", "lax"}
+  rows = [f"| op | x | w | calls | {cols} |" + (" lax/jaxconv |" if ratio else ""),
+          "|---|---|---|---|" + "---|" * len(backends) + ("---|" if ratio else "")]
+  for r in prof["rows"]:
+    us = r["us"]
+    rows.append(f"| {r['op']} | {r['shapes'][0]} | {r['shapes'][1]} | "
+                f"{'/'.join(str(r['calls'].get(b, 0)) for b in backends)} | "
+                + " | ".join(f"{us[b]:.1f}" if b in us else "-" for b in backends) + " |"
+                + _ratio_cell(us, ratio))
+  for what in ("conv", "other", "unattributed", "all"):
+    t = {b: prof["totals"][b][what] for b in backends if b in prof["totals"]}
+    rows.append(f"| **{what}** | | | | " + " | ".join(f"{t[b]:.1f}" if b in t else "-" for b in backends) + " |"
+                + _ratio_cell(t, ratio))
+  return "\n".join(rows)
+
+
 def markdown(meta: dict, results: list[dict]) -> str:
   c = meta["config"]
   lines = [
@@ -392,6 +491,15 @@ def markdown(meta: dict, results: list[dict]) -> str:
                f"{r['loss_max_rel_diff']:.1e}, first step {r['loss_first_rel_diff']:.1e}, relative to the first "
                f"loss: {'ok' if r['loss_check'] else 'FAILED'})")
     lines.append(line)
+  for r in results:
+    if "profile" in r:
+      lines += ["", f"## {r['model']}: device time per step by convolution (jax.profiler, {r['profile']['steps']} "
+                "steps)", "",
+                "µs per step of the kernels attributed to each convolution custom call; layers matched across "
+                "backends by op and operand sizes, identical layers summed (calls = instances per step). "
+                "'other': every other kernel of the step; 'unattributed': kernels without an HLO op (replayed "
+                "command buffers: profile with XLA_FLAGS=--xla_gpu_enable_command_buffer=).", "",
+                profile_table(r["profile"], list(r["backends"]))]
   return "\n".join(lines) + "\n"
 
 
@@ -442,6 +550,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--loss-rtol-steps", type=float, help="max loss difference over all check steps, relative to "
                  f"the first loss; default {FULL['loss_rtol_steps']:g}, quick {QUICK['loss_rtol_steps']:g}")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--profile-steps", type=int, default=0,
+                 help="after the timing, trace this many steps per backend with jax.profiler and tabulate the "
+                 "device time of each convolution (0: off)")
   p.add_argument("--out", default="resnet_step_results", help="folder for results.json and results.md")
   p.add_argument("--commit", default=os.environ.get("JAXCONV_COMMIT"),
                  help="commit to record (default: env JAXCONV_COMMIT, else git)")

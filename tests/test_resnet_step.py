@@ -29,7 +29,8 @@ NUM_PARAMS = {"resnet18": 11_689_512, "resnet50": 25_557_032}
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("resnet")
-  result = resnet_step.main(["--quick", "--models", "resnet18", "--out", str(out), "--commit", "abc1234"])
+  result = resnet_step.main(["--quick", "--models", "resnet18", "--out", str(out), "--commit", "abc1234",
+                             "--profile-steps", "1"])
   return result, out
 
 
@@ -47,6 +48,22 @@ def test_quick_run_both_backends(quick_run):
   jc, lx = r["backends"]["jaxconv"], r["backends"]["lax"]
   assert r["ratio_lax_over_jaxconv"] == pytest.approx(lx["median_ms"] / jc["median_ms"])
   assert r["ratio_paired_min"] <= r["ratio_paired_max"]
+
+
+def test_quick_run_profile_attributes_every_jaxconv_call(quick_run):
+  (r,) = quick_run[0]["results"]
+  prof = r["profile"]
+  jc_rows = [row for row in prof["rows"] if "jaxconv" in row["calls"]]
+  # Every jaxconv custom call of the step is in a row of its op, with the time its thunk took.
+  assert sum(row["calls"]["jaxconv"] for row in jc_rows) == 3 * resnet_step.num_convs("resnet18") - 1
+  assert {row["op"] for row in jc_rows} == {"fwd", "dgrad", "wgrad"}
+  assert all(row["us"]["jaxconv"] > 0 for row in jc_rows)
+  # The stem: one forward and one filter gradient of a 7x7 conv on the 3-channel images, no data gradient.
+  stem = [row for row in jc_rows if row["shapes"] == ("2x64x64x3", "7x7x3x64")]
+  assert sorted(row["op"] for row in stem) == ["fwd", "wgrad"]
+  t = prof["totals"]["jaxconv"]
+  assert 0 < t["conv"] <= t["all"] and t["other"] == pytest.approx(t["all"] - t["conv"])
+  assert "device time per step by convolution" in (quick_run[1] / "results.md").read_text()
 
 
 def test_quick_run_losses_agree_and_decrease(quick_run):

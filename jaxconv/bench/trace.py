@@ -175,3 +175,42 @@ def profile_device_time(fn, args, module, ncalls=5, keep_dir=None):
     finally:
         if keep_dir is None:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def op_times(log_dir, module):
+  """Time per HLO instruction of `module` in a trace: {hlo_op: {"ns": total, "events": count}}.
+
+  Device planes (GPU kernels, attributed by their `hlo_op` stat) when present, else the host plane's thunk
+  events (CPU). Kernels that carry no `hlo_op` (replayed from an XLA command buffer) are summed under "" on
+  device planes: run with XLA_FLAGS=--xla_gpu_enable_command_buffer= to attribute every kernel. Never raises;
+  returns {} when nothing was found.
+  """
+  try:
+    from jax.profiler import ProfileData
+    xs = sorted(glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True))
+    if not xs:
+      return {}
+    dev, host = {}, {}
+    for plane in ProfileData.from_file(xs[-1]).planes:
+      pname = plane.name or ""
+      on_dev = pname.startswith("/device:") and "cpu" not in pname.lower()
+      for line in plane.lines:
+        if on_dev and any((line.name or "").lower().startswith(d) for d in _DERIVED_LINES):
+          continue
+        for e in line.events:
+          if (e.name or "").startswith("end: "):
+            continue
+          st = dict(e.stats)
+          mod = st.get("hlo_module")
+          if isinstance(mod, str) and not (mod == module or mod.startswith(module + ".")):
+            continue
+          if not on_dev and mod is None:
+            continue
+          op = st.get("hlo_op")
+          op = op if isinstance(op, str) else ""
+          slot = (dev if on_dev else host).setdefault(op, {"ns": 0.0, "events": 0})
+          slot["ns"] += float(e.duration_ns)
+          slot["events"] += 1
+    return dev or host
+  except Exception:
+    return {}
