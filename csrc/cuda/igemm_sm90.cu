@@ -6,7 +6,8 @@
 //                            128x64x64), out = operand type, fused y = act(acc + bias[k])
 //   dgrad  bf16, f16         tile 128x128x64 (as fprop, with c), out = operand type, unit stride only (the sm90
 //                            collective has no strided dgrad), no bias/act
-//   wgrad  bf16, f16         tile 128x64x64 (k <= 64: 64x64x64; M = K, N = C of one filter tap, K = N*Z*P*Q),
+//   wgrad  bf16, f16         tile 128x64x64 (k <= 64: 64x64x64; c % 128 == 0: 128x128x64; M = K, N = C of one
+//                            filter tap, K = N*Z*P*Q),
 //                            f32 out, deterministic split-K over N*Z*P*Q: partial sums in the workspace, reduced
 //                            in a fixed order
 // tf32 dgrad/wgrad do not exist: wgmma reads tf32 operands K-major only, and those ops need an MN-major operand.
@@ -67,6 +68,13 @@ constexpr int kNarrowTileN = 64;
 constexpr int kWgTileM = 128, kWgTileN = 64, kWgTileK = 64;  // wgrad: M = K, N = C (one tap), K = pixels
 constexpr int kWgNarrowTileM = 64;  // wgrad with k <= 64: a 128-row tile would spend half its MMAs on zero rows
 int64_t WgTileM(int64_t k) { return k <= kWgNarrowTileM ? kWgNarrowTileM : kWgTileM; }
+// wgrad with 128-row tiles and c a multiple of 128: 128-wide N tiles. A 64-wide one's wgmma (m64n64k16, both
+// operands from shared memory) reads 4 KB per 32 tensor-core cycles, all the 128 B/clk an SM's shared memory
+// delivers; 128 wide reads 6 KB per 64 cycles.
+constexpr int kWgWideTileN = 128;
+int64_t WgTileN(const IgemmProblem& pr) {
+  return WgTileM(pr.k) == kWgTileM && pr.c % kWgWideTileN == 0 ? kWgWideTileN : kWgTileN;
+}
 constexpr int64_t kMaxSplits = 256;
 constexpr int64_t kMaxSplitWorkspace = int64_t(256) << 20;  // bytes of wgrad partial sums at most
 constexpr int64_t kMaxGridY = 65535;
@@ -121,11 +129,11 @@ struct DgradCfg {
 // dw (K, (C,S,R,T)) with a batch (L) stride: the L index is the split, so each split writes its own f32 slice.
 using WgradStrideD = cute::Stride<int64_t, cute::Stride<_1, int64_t, int64_t, int64_t>, int64_t>;
 
-template <class T, int TileM = kWgTileM>
+template <class T, int TileM = kWgTileM, int TileN = kWgTileN>
 struct WgradCfg {
   static constexpr Operator kOp = Operator::kWgrad;
   using Element = T;
-  using TileShape = Shape<Int<TileM>, Shape<Int<kWgTileN>>, Shape<Int<kWgTileK>>>;
+  using TileShape = Shape<Int<TileM>, Shape<Int<TileN>>, Shape<Int<kWgTileK>>>;
   // Register-direct epilogue (as CUTLASS's own wgrad kernels): the output is small next to the reduction.
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
@@ -515,7 +523,7 @@ bool BasicChecks(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
   if (pr.c > kMaxElems / (pr.n * in_px) || pr.k > kMaxElems / (pr.n * out_px)) return false;
   if (pr.c * taps > INT32_MAX || pr.k * pr.c * taps > kMaxElems) return false;
   // wgrad's grid has the N tiles in y (at most 65535); fprop/dgrad use a 1-D persistent grid.
-  if (op == CudaOp::kWgrad && CeilDiv(pr.c, kWgTileN) * taps > kMaxGridY) return false;
+  if (op == CudaOp::kWgrad && CeilDiv(pr.c, WgTileN(pr)) * taps > kMaxGridY) return false;
   return true;
 }
 
@@ -530,7 +538,7 @@ SplitPlan WgradPlan(const IgemmProblem& pr) {
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
   const int64_t gemm_k = pr.n * pr.out[0] * pr.out[1] * pr.out[2];
   const int64_t k_tiles = CeilDiv(gemm_k, kWgTileK);
-  const int64_t tiles_mn = CeilDiv(pr.k, WgTileM(pr.k)) * CeilDiv(pr.c, kWgTileN) * taps;
+  const int64_t tiles_mn = CeilDiv(pr.k, WgTileM(pr.k)) * CeilDiv(pr.c, WgTileN(pr)) * taps;
   const int64_t dw_elems = pr.k * taps * pr.c;
   constexpr double kCtaOverhead = 4.0;      // prologue fill + epilogue, in k tiles
   constexpr double kPerPartialElem = 1e-5;  // write + read one f32 partial, in k tiles (spread over the GPU)
@@ -745,7 +753,7 @@ cudaError_t RunWgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t st
   dim3 grid = Base::get_grid_shape(params.base);
   // Self-check against the plan's tile counts (the split ranges assume them).
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  if (int64_t(grid.x) != CeilDiv(pr.k, WgTileM(pr.k)) || int64_t(grid.y) != CeilDiv(pr.c, kWgTileN) * taps ||
+  if (int64_t(grid.x) != CeilDiv(pr.k, WgTileM(pr.k)) || int64_t(grid.y) != CeilDiv(pr.c, WgTileN(pr)) * taps ||
       grid.z != 1) {
     return cudaErrorNotSupported;
   }
@@ -758,6 +766,14 @@ cudaError_t RunWgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t st
   ReduceWgradSplits<<<unsigned(blocks), threads, 0, stream>>>(static_cast<const float4*>(a.workspace), plan.splits,
                                                                count4, static_cast<float4*>(a.out));
   return cudaGetLastError();
+}
+
+// Calls f(WgradCfg<T, tile M, tile N>{}) with the problem's wgrad tile (WgTileM, WgTileN).
+template <class T, class F>
+auto WithWgradCfg(const IgemmProblem& pr, F&& f) {
+  if (WgTileM(pr.k) == kWgNarrowTileM) return f(WgradCfg<T, kWgNarrowTileM>{});
+  if (WgTileN(pr) == kWgWideTileN) return f(WgradCfg<T, kWgTileM, kWgWideTileN>{});
+  return f(WgradCfg<T>{});
 }
 
 }  // namespace
@@ -786,11 +802,9 @@ bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
                              : CanImplement<DgradCfg<cutlass::half_t>>(pr);
     case CudaOp::kWgrad:
       if (math == IgemmMath::kBF16) {
-        return WgTileM(pr.k) == kWgNarrowTileM ? CanImplement<WgradCfg<cutlass::bfloat16_t, kWgNarrowTileM>>(pr)
-                                               : CanImplement<WgradCfg<cutlass::bfloat16_t>>(pr);
+        return WithWgradCfg<cutlass::bfloat16_t>(pr, [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); });
       }
-      return WgTileM(pr.k) == kWgNarrowTileM ? CanImplement<WgradCfg<cutlass::half_t, kWgNarrowTileM>>(pr)
-                                             : CanImplement<WgradCfg<cutlass::half_t>>(pr);
+      return WithWgradCfg<cutlass::half_t>(pr, [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); });
   }
   return false;
 #else
@@ -841,12 +855,10 @@ cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
                              : RunFwdOrDgrad<DgradCfg<cutlass::half_t>>(pr, args, stream);
     case CudaOp::kWgrad:
       if (math == IgemmMath::kBF16) {
-        return WgTileM(pr.k) == kWgNarrowTileM
-                   ? RunWgrad<WgradCfg<cutlass::bfloat16_t, kWgNarrowTileM>>(pr, args, stream)
-                   : RunWgrad<WgradCfg<cutlass::bfloat16_t>>(pr, args, stream);
+        return WithWgradCfg<cutlass::bfloat16_t>(
+            pr, [&](auto cfg) { return RunWgrad<decltype(cfg)>(pr, args, stream); });
       }
-      return WgTileM(pr.k) == kWgNarrowTileM ? RunWgrad<WgradCfg<cutlass::half_t, kWgNarrowTileM>>(pr, args, stream)
-                                             : RunWgrad<WgradCfg<cutlass::half_t>>(pr, args, stream);
+      return WithWgradCfg<cutlass::half_t>(pr, [&](auto cfg) { return RunWgrad<decltype(cfg)>(pr, args, stream); });
   }
   return cudaErrorNotSupported;
 #else
