@@ -35,6 +35,9 @@ CASES = {
     "dil2": ((1, 20, 21, 16), (3, 3), "SAME", (2, 2), (1, 1), 16),
     "7x7_s2_c8": ((2, 30, 29, 8), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
     "k264_c136": ((1, 9, 11, 136), (3, 3), "SAME", (1, 1), (1, 1), 264),
+    # c % 128 == 0 with k > 64: the Hopper filter gradient's 128x128 tiles (k = 136: a partial M tile; stride 2)
+    "wgrad_wide_c128_k136": ((2, 9, 11, 128), (3, 3), "SAME", (1, 1), (1, 1), 136),
+    "wgrad_wide_c256_s2": ((2, 13, 12, 256), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 128),
     # k <= 64: the Hopper kernels' 128x64 tiles (bf16/f16), here with a partial N tile (40 of 64); so are the
     # small cases above (fewer 128x128 tiles than an H100 has SMs). At least 132 128x128 tiles: fwd (wide_fwd)
     # and dgrad (wide_dgrad, c = 136) on the 128-wide tiles.
@@ -56,6 +59,8 @@ CASES = {
     "c7_3x3_k24": ((3, 11, 13, 7), (3, 3), "SAME", (1, 1), (1, 1), 24),
     "c1_conv1d_s2": ((3, 257, 1), (9,), ((4, 4),), (1,), (2,), 8),
     "c3_conv3d": ((2, 7, 9, 8, 3), (3, 3, 3), "SAME", (1, 1, 1), (2, 1, 1), 16),
+    # taps * c = 175 columns: two column tiles of the fused filter gradient (160 + 15); k = 72: two k blocks
+    "c5_5x7_k72": ((2, 23, 29, 5), (5, 7), ((2, 2), (3, 3)), (1, 1), (1, 2), 72),
     # 17 images of 6400 output pixels: more than one chunk of unrolled windows (32 MB each), a short last chunk
     "c3_chunks": ((17, 160, 160, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 16),
     # 1x1 stride 1: plain GEMMs on the Hopper (gemm1x1_sm90.cu, 16-bit operands), odd M (pixels), c/k over and

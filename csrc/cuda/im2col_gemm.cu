@@ -9,7 +9,9 @@
 //   wgrad  dw'   = cols(x)^T @ dy
 // w' is the (cr, K) filter matrix: the HWIO filter's (taps*c, K) rows, plus zero rows up to cr.
 // cols is built in chunks of whole images: the workspace stays bounded and a chunk is still in L2 when its GEMM
-// reads it. wgrad sums the chunks' f32 partial filters in chunk order (deterministic).
+// reads it. wgrad sums the chunks' f32 partial filters in chunk order (deterministic). wgrad with 16-bit operands
+// (sm_80+) instead runs one fused kernel that unrolls each tile of the window in shared memory and never writes
+// cols (FusedWgradKernel).
 #include <algorithm>
 
 #include "algorithms.h"
@@ -126,10 +128,41 @@ Geometry GeometryOf(const ConvParams& p, const Plan& pl, DT in) {
   return g;
 }
 
+// Column j's offset in the staged patch (StagePatch) of a tile's first pixel; pixel i of the tile reads
+// patch[offset + i * stride * c].
+__device__ __forceinline__ int PatchOffset(const Geometry& g, int j) {
+  const int ch = j % g.c, tap = j / g.c, s = tap % g.win2, tr = tap / g.win2;  // tr = t * win1 + r
+  return (tr * g.wt + s * g.dil[2]) * g.c + ch;
+}
+
+// Stages in shared memory the input patch that the taps of output row `row` (n, z, p over the images x starts
+// at), pixels q0 .. q0 + qt - 1, read: win0*win1 rows of wt columns of c channels, zeros outside the image.
+// Patch row tr = (t, r) is the contiguous run of wt * c elements of x row (d, h) from column w_lo on; the
+// elements outside [0, W * c) of that row are padding (ncu, run 45: per-element divisions here had made the
+// unroll kernel issue-bound). The caller synchronises before and after.
+template <class E>
+__device__ __forceinline__ void StagePatch(const Geometry& g, const E* __restrict__ x, int row, int q0,
+                                           E* __restrict__ patch) {
+  const int pp = row % g.out[1], zq = row / g.out[1];
+  const int z = zq % g.out[0], n = zq / g.out[0];
+  const E* xn = x + static_cast<int64_t>(n) * g.in[0] * g.in[1] * g.in[2] * g.c;
+  const int w_lo = q0 * g.stride[2] - g.pad_lo[2], span = g.wt * g.c;
+  const int e_lo = max(0, -w_lo * g.c), e_hi = min(span, (g.in[2] - w_lo) * g.c);
+  for (int tr = 0; tr < g.win0 * g.win1; ++tr) {
+    const int t = tr / g.win1, r = tr - t * g.win1;
+    const int d = z * g.stride[0] - g.pad_lo[0] + t * g.dil[0], h = pp * g.stride[1] - g.pad_lo[1] + r * g.dil[1];
+    const bool row_ok = static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
+                        static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]);
+    const E* src = row_ok ? xn + (static_cast<int64_t>(d) * g.in[1] + h) * g.in[2] * g.c + int64_t(w_lo) * g.c : xn;
+    E* dst_row = patch + tr * span;
+    for (int e = threadIdx.x; e < span; e += blockDim.x) dst_row[e] = row_ok && e >= e_lo && e < e_hi ? src[e] : E{};
+  }
+}
+
 // cols[m, j] for the output rows (n, z, p) of `row_count` whole-image rows (x points at the chunk's first image).
-// A block takes qt consecutive pixels of one output row: it stages the input patch their taps read (coalesced
-// loads, zeros outside the image) in shared memory, then writes their cols rows as 16-byte words of V columns
-// (cr % V == 0), column j reading patch[table[j] + pixel * stride * c]. E moves the elements as bits.
+// A block takes qt consecutive pixels of one output row: it stages their input patch (StagePatch), then writes
+// their cols rows as 16-byte words of V columns (cr % V == 0), column j reading patch[table[j] + pixel * stride
+// * c]. E moves the elements as bits.
 template <class E>
 __global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* __restrict__ x, E* __restrict__ cols,
                                                     int row_count) {
@@ -137,31 +170,12 @@ __global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* _
   extern __shared__ int4 smem4[];
   int* table = reinterpret_cast<int*>(smem4);
   E* patch = reinterpret_cast<E*>(table + ((g.rows + 3) / 4 * 4));
-  for (int j = threadIdx.x; j < g.rows; j += blockDim.x) {
-    const int ch = j % g.c, tap = j / g.c, s = tap % g.win2, tr = tap / g.win2;  // tr = t * win1 + r
-    table[j] = (tr * g.wt + s * g.dil[2]) * g.c + ch;
-  }
-  const int segs = (g.out[2] + g.qt - 1) / g.qt, groups = g.cr / V, span = g.wt * g.c;
+  for (int j = threadIdx.x; j < g.rows; j += blockDim.x) table[j] = PatchOffset(g, j);
+  const int segs = (g.out[2] + g.qt - 1) / g.qt, groups = g.cr / V;
   for (int b = blockIdx.x; b < row_count * segs; b += gridDim.x) {
     const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
-    const int pp = row % g.out[1], zq = row / g.out[1];
-    const int z = zq % g.out[0], n = zq / g.out[0];
-    const E* xn = x + static_cast<int64_t>(n) * g.in[0] * g.in[1] * g.in[2] * g.c;
-    const int w_lo = q0 * g.stride[2] - g.pad_lo[2];
     __syncthreads();  // the table is written; the previous tile's readers are done with the patch
-    // Patch row tr = (t, r) is the contiguous run of wt * c elements of x row (d, h) from column w_lo on; the
-    // elements outside [0, W * c) of that row are padding (ncu, run 45: the per-element divisions this loop
-    // had made the kernel issue-bound).
-    const int e_lo = max(0, -w_lo * g.c), e_hi = min(span, (g.in[2] - w_lo) * g.c);
-    for (int tr = 0; tr < g.win0 * g.win1; ++tr) {
-      const int t = tr / g.win1, r = tr - t * g.win1;
-      const int d = z * g.stride[0] - g.pad_lo[0] + t * g.dil[0], h = pp * g.stride[1] - g.pad_lo[1] + r * g.dil[1];
-      const bool row_ok = static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
-                          static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]);
-      const E* src = row_ok ? xn + (static_cast<int64_t>(d) * g.in[1] + h) * g.in[2] * g.c + int64_t(w_lo) * g.c : xn;
-      E* dst_row = patch + tr * span;
-      for (int e = threadIdx.x; e < span; e += blockDim.x) dst_row[e] = row_ok && e >= e_lo && e < e_hi ? src[e] : E{};
-    }
+    StagePatch(g, x, row, q0, patch);
     __syncthreads();
     uint4* dst = reinterpret_cast<uint4*>(cols + (static_cast<int64_t>(row) * g.out[2] + q0) * g.cr);
     for (int k = threadIdx.x; k < qn * groups; k += blockDim.x) {
@@ -173,6 +187,134 @@ __global__ void __launch_bounds__(256) Im2colKernel(const Geometry g, const E* _
 #pragma unroll
       for (int i = 0; i < V; ++i) word.e[i] = j0 + i < g.rows ? patch[table[j0 + i] + shift] : E{};
       dst[k] = word.v;
+    }
+  }
+}
+
+// ---- wgrad with 16-bit operands: one fused kernel, the unrolled window never in memory ----
+// dw[j, k] = sum over output pixels m of cols[m, j] * dy[m, k]. Why: the chunked route wrote and re-read cols,
+// taps*c/c times the size of x (49x for a 7x7 stem), and took 1.6x lax's time on ResNet's stem at batch 128
+// (resnet_step --profile-steps, DEVICE_RUNS run 49). A block owns one (JT-column tile of j, kFwK block of k)
+// and a strided range of pixel tiles (the unroll kernel's: qt <= kFwPix pixels of one output row). Per tile it
+// stages the x patch, the tile's dy rows and its cols in shared memory and runs mma.sync m16n8k16 with f32
+// accumulators that stay in registers across all its tiles; at the end it writes its partial filter into slice
+// blockIdx.x of the workspace, and ReduceSplits sums the slices in order (deterministic).
+constexpr int kFwPix = 64;      // pixels per tile: the MMA's reduction depth per tile
+constexpr int kFwK = 64;        // output channels per block
+constexpr int kFwThreads = 128; // 4 warps: 2 along k (32 channels each) x 2 along j (JT / 2 columns each)
+constexpr int kFwMaxJt = 160;   // a 7x7 stem's 147 columns in one tile
+constexpr int kFwDyLd = kFwK + 8;  // smem row strides padded by 16 bytes: conflict-free ldmatrix
+__host__ __device__ constexpr int FwColsLd(int jt) { return jt + 8; }
+
+__device__ __forceinline__ void LdsmX4T(uint32_t (&r)[4], const uint16_t* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+template <bool kBF16>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kBF16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+// NT: n8 MMA tiles per warp along j, JT = 16 * NT columns per block. x, dy: 16-bit elements as bits; dy rows have
+// k_total elements (k_total % 8 == 0: ImplicitGemmApplies). partial: f32 (splits, rows, k_total).
+template <bool kBF16, int NT>
+__global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry g, const uint16_t* __restrict__ x,
+                                                                  const uint16_t* __restrict__ dy, int k_total,
+                                                                  int row_count, int kblocks,
+                                                                  float* __restrict__ partial) {
+  constexpr int JT = 16 * NT, CLD = FwColsLd(JT);
+  static_assert(NT % 2 == 0 && JT <= kFwMaxJt, "tile");
+  extern __shared__ int4 smem4[];
+  uint16_t* dys = reinterpret_cast<uint16_t*>(smem4);  // [kFwPix][kFwDyLd]: dy rows of the tile, this k block
+  uint16_t* colss = dys + kFwPix * kFwDyLd;            // [kFwPix][CLD]: the tile's cols, this j tile
+  int* table = reinterpret_cast<int*>(colss + kFwPix * CLD);  // [JT]: column jl's patch offset, -1 past rows
+  uint16_t* patch = reinterpret_cast<uint16_t*>(table + JT);
+  const int tid = threadIdx.x, lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6;
+  const int k0 = (blockIdx.y % kblocks) * kFwK, j0 = (blockIdx.y / kblocks) * JT;
+  for (int jl = tid; jl < JT; jl += kFwThreads) table[jl] = j0 + jl < g.rows ? PatchOffset(g, j0 + jl) : -1;
+  float acc[2][NT][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
+    }
+  }
+  const int segs = (g.out[2] + g.qt - 1) / g.qt, sc = g.stride[2] * g.c;
+  for (int b = blockIdx.x; b < row_count * segs; b += gridDim.x) {
+    const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
+    __syncthreads();  // the previous tile's MMAs are done with dys, colss and the patch
+    StagePatch(g, x, row, q0, patch);
+    // dy rows as 16-byte words; rows past the tile's pixels and channels past k_total are zeros.
+    const uint16_t* dyr = dy + (static_cast<int64_t>(row) * g.out[2] + q0) * k_total + k0;
+    for (int i = tid; i < kFwPix * (kFwK / 8); i += kFwThreads) {
+      const int ml = i / (kFwK / 8), v = (i % (kFwK / 8)) * 8;
+      uint4 word = make_uint4(0, 0, 0, 0);
+      if (ml < qn && k0 + v < k_total) word = *reinterpret_cast<const uint4*>(dyr + static_cast<int64_t>(ml) * k_total + v);
+      *reinterpret_cast<uint4*>(dys + ml * kFwDyLd + v) = word;
+    }
+    __syncthreads();
+    // cols[ml, jl] = patch[table[jl] + ml * stride * c]; work items of one column and 8 pixels (JT * 8 of them,
+    // a multiple of the block: every thread gets the same share).
+    for (int item = tid; item < JT * (kFwPix / 8); item += kFwThreads) {
+      const int jl = item % JT, m0 = item / JT * 8, o = table[jl];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int ml = m0 + i;
+        colss[ml * CLD + jl] = o >= 0 && ml < qn ? patch[o + ml * sc] : 0;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kFwPix; kk += 16) {
+      // A = dy^T (k x pixels), B = cols (pixels x j): both stored pixel-major, so both load transposed. Lane l
+      // addresses row l % 8 of 8x8 matrix l / 8: A's four are (k 0-7 | 8-15) x (pixels 0-7 | 8-15), B's are
+      // (pixels 0-7 | 8-15) x (j 0-7 | 8-15) of two n8 tiles.
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        LdsmX4T(a[mi], dys + (kk + (lane & 7) + ((lane >> 4) << 3)) * kFwDyLd + wm * 32 + mi * 16 + (((lane >> 3) & 1) << 3));
+      }
+#pragma unroll
+      for (int ni = 0; ni < NT; ni += 2) {
+        uint32_t bq[4];
+        LdsmX4T(bq, colss + (kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * CLD + wn * (JT / 2) + ni * 8 + ((lane >> 4) << 3));
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          Mma16816<kBF16>(acc[mi][ni], a[mi], bq[0], bq[1]);
+          Mma16816<kBF16>(acc[mi][ni + 1], a[mi], bq[2], bq[3]);
+        }
+      }
+    }
+  }
+  // Accumulator r of tile (mi, ni): k row lane / 4 (+ 8 for r >= 2), j column 2 * (lane % 4) (+ 1 for odd r).
+  float* out = partial + static_cast<int64_t>(blockIdx.x) * g.rows * k_total;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int k = k0 + wm * 32 + mi * 16 + (lane >> 2) + (r >> 1) * 8;
+        const int j = j0 + wn * (JT / 2) + ni * 8 + (lane & 3) * 2 + (r & 1);
+        if (k < k_total && j < g.rows) out[static_cast<int64_t>(j) * k_total + k] = acc[mi][ni][r];
+      }
     }
   }
 }
@@ -259,6 +401,65 @@ cudaError_t Col2im(DT in, const Geometry& g, const void* dcols, void* dx, int co
   return cudaGetLastError();
 }
 
+// The fused filter gradient's launch; splits == 0 when it does not apply (f32 operands, or grid limits).
+struct FusedPlan {
+  int jt = 0;               // columns per block: 32, 64, ..., kFwMaxJt
+  int64_t jtiles = 0, kblocks = 0, splits = 0;
+  size_t smem = 0, bytes = 0;  // bytes: the splits' f32 partial filters
+};
+
+constexpr size_t kMaxFusedSlices = size_t(256) << 20;
+
+FusedPlan MakeFusedPlan(const ConvParams& p, DT in) {
+  FusedPlan f;
+  if (in == DT::kF32) return f;
+  const int64_t rows = SpatialCount(p.win) * p.c[0], qt = TileQ(p, 2);
+  const int64_t tiles = p.n[0] * p.out[0] * p.out[1] * CeilDiv(p.out[2], qt);
+  const int jt = rows >= kFwMaxJt ? kFwMaxJt : static_cast<int>(CeilDiv(rows, 32) * 32);
+  const int64_t jtiles = CeilDiv(rows, jt), kblocks = CeilDiv(p.k[0], kFwK);
+  const size_t slice = static_cast<size_t>(rows * p.k[0]) * 4;
+  if (tiles > kMaxIndex || jtiles * kblocks > 65535 || slice > kMaxFusedSlices) return f;
+  f.jt = jt;
+  f.jtiles = jtiles;
+  f.kblocks = kblocks;
+  // About three blocks per SM (the kernel's occupancy), each with at least one tile.
+  f.splits = std::min({CeilDiv(kPlanSms * 3, jtiles * kblocks), tiles, static_cast<int64_t>(kMaxFusedSlices / slice)});
+  f.smem = static_cast<size_t>(kFwPix * (kFwDyLd + FwColsLd(jt))) * 2 + static_cast<size_t>(jt) * 4 +
+           static_cast<size_t>(p.win[0] * p.win[1] * PatchWidth(p, qt) * p.c[0]) * 2;
+  f.bytes = AlignUp(static_cast<size_t>(f.splits) * slice);
+  return f;
+}
+
+template <bool kBF16, int NT>
+cudaError_t LaunchFusedWgrad(const Geometry& g, const FusedPlan& f, const void* x, const void* dy, int k_total,
+                             int row_count, float* partial, cudaStream_t s) {
+  auto* kernel = FusedWgradKernel<kBF16, NT>;
+  if (f.smem > 48 * 1024) {  // above the default dynamic shared memory limit
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(f.smem));
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  const dim3 grid(static_cast<unsigned>(f.splits), static_cast<unsigned>(f.jtiles * f.kblocks));
+  kernel<<<grid, kFwThreads, f.smem, s>>>(g, static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(dy),
+                                          k_total, row_count, static_cast<int>(f.kblocks), partial);
+  return cudaGetLastError();
+}
+
+template <bool kBF16>
+cudaError_t FusedWgrad(const Geometry& g, const FusedPlan& f, const void* x, const void* dy, int k_total,
+                       int row_count, float* partial, cudaStream_t s) {
+  switch (f.jt) {
+    case 32: return LaunchFusedWgrad<kBF16, 2>(g, f, x, dy, k_total, row_count, partial, s);
+    case 64: return LaunchFusedWgrad<kBF16, 4>(g, f, x, dy, k_total, row_count, partial, s);
+    case 96: return LaunchFusedWgrad<kBF16, 6>(g, f, x, dy, k_total, row_count, partial, s);
+    case 128: return LaunchFusedWgrad<kBF16, 8>(g, f, x, dy, k_total, row_count, partial, s);
+    case kFwMaxJt: return LaunchFusedWgrad<kBF16, kFwMaxJt / 16>(g, f, x, dy, k_total, row_count, partial, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 bool Im2colGemmApplies(const ConvParams& p, DT in) {
@@ -272,14 +473,16 @@ bool Im2colGemmApplies(const ConvParams& p, DT in) {
          SpatialCount(p.in) * p.c[0] <= kMaxIndex && TileQ(p, static_cast<size_t>(bytes)) > 0;
 }
 
+// wgrad: the fused kernel's slices or, on GPUs before sm_80 (known at run time only), the chunked route's needs.
 size_t Im2colGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
-  return MakePlan(p, op, in, algo).bytes();
+  const size_t chunked = MakePlan(p, op, in, algo).bytes();
+  return op == CudaOp::kWgrad ? std::max(chunked, MakeFusedPlan(p, in).bytes) : chunked;
 }
 
 cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
                           const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   const Plan pl = MakePlan(p, op, in, algo);
-  if (workspace == nullptr || workspace_bytes < pl.bytes()) return cudaErrorNotSupported;
+  if (workspace == nullptr) return cudaErrorNotSupported;
   char* filter = static_cast<char*>(workspace);
   float* slices = reinterpret_cast<float*>(filter + pl.filter);
   char* cols = filter + pl.filter + pl.slices;
@@ -288,6 +491,16 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
   const int64_t kk = p.k[0], in_pixels = SpatialCount(p.in);
   const Geometry g = GeometryOf(p, pl, in);
   cudaError_t e = cudaSuccess;
+  if (const FusedPlan f = MakeFusedPlan(p, in); op == CudaOp::kWgrad && f.splits > 0 && DeviceArch() >= 80) {
+    if (workspace_bytes < f.bytes) return cudaErrorNotSupported;
+    float* partial = static_cast<float*>(workspace);
+    const int rows = static_cast<int>(p.n[0] * p.out[0] * p.out[1]), kk32 = static_cast<int>(kk);
+    e = in == DT::kBF16 ? FusedWgrad<true>(g, f, a, b, kk32, rows, partial, s)
+                        : FusedWgrad<false>(g, f, a, b, kk32, rows, partial, s);
+    if (e != cudaSuccess) return e;
+    return ReduceSplits(in, out, partial, f.splits, pl.rows * kk, out_buf, s);  // fixed split order
+  }
+  if (workspace_bytes < pl.bytes()) return cudaErrorNotSupported;
   const void* wmat = b;  // fwd/dgrad: the (cr, K) filter matrix
   if (pl.filter > 0) {
     const size_t real = static_cast<size_t>(pl.rows * kk) * eb;

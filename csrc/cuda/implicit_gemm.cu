@@ -52,26 +52,6 @@ IgemmMath MathFor(const ConvParams& p, DT in) {
   }
 }
 
-// Compute capability major*10+minor of the current device, cached per device (a handler must not synchronise;
-// attribute queries do not).
-int DeviceArch() {
-  static std::atomic<int> cache[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
-  if (dev < 64) {
-    if (const int v = cache[dev].load(std::memory_order_relaxed); v != 0) return v;
-  }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error so the caller's launch check does not see it
-    return 0;
-  }
-  const int v = major * 10 + minor;
-  if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
-  return v;
-}
-
 // The workspace: [filter: fwd/dgrad the KTRSC filter, wgrad the f32 KTRSC gradient (both with the padded c)]
 // [padded activations, when c is not aligned: fwd/wgrad x, dgrad dx][kernel workspace].
 struct Staging {
@@ -258,6 +238,25 @@ size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
 }
 
 }  // namespace
+
+// Cached per device: a handler must not synchronise (attribute queries do not).
+int DeviceArch() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
+  if (dev < 64) {
+    if (const int v = cache[dev].load(std::memory_order_relaxed); v != 0) return v;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so the caller's launch check does not see it
+    return 0;
+  }
+  const int v = major * 10 + minor;
+  if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
 
 size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   if (Im2colGemmApplies(p, in)) return Im2colGemmWorkspaceBytes(p, op, in, algo);

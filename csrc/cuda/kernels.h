@@ -77,6 +77,9 @@ int64_t SmallChannelWgradChunks(const ConvParams& p, DT in);
 cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
                               void* scratch, size_t scratch_bytes, cudaStream_t s);
 
+// Compute capability (major * 10 + minor) of the current device, 0 if unknown (implicit_gemm.cu).
+int DeviceArch();
+
 // ---- implicit_gemm.cu: tensor cores through CUTLASS (igemm.h), ImplicitGemmApplies in algorithms.h ----
 // algo: kAlgoImplicitGemm (the Hopper kernels where they apply, else mma.sync) or kAlgoImplicitGemmSm80.
 size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo);
