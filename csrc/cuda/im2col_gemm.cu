@@ -13,6 +13,7 @@
 // (sm_80+) instead runs one fused kernel that unrolls each tile of the window in shared memory and never writes
 // cols (FusedWgradKernel).
 #include <algorithm>
+#include <climits>
 
 #include "algorithms.h"
 #include "cuda/common.cuh"
@@ -204,6 +205,9 @@ constexpr int kFwK = 64;        // output channels per block
 constexpr int kFwThreads = 128; // 4 warps: 2 along k (32 channels each) x 2 along j (JT / 2 columns each)
 constexpr int kFwMaxJt = 160;   // a 7x7 stem's 147 columns in one tile
 constexpr int kFwDyLd = kFwK + 8;  // smem row strides padded by 16 bytes: conflict-free ldmatrix
+constexpr int kFwDyWords = kFwPix * kFwK / 8 / kFwThreads;  // 16-byte dy words per thread and tile
+constexpr int kFwBatch = 8;        // patch elements a thread has in flight at once
+constexpr int kNoRow = INT_MIN;
 __host__ __device__ constexpr int FwColsLd(int jt) { return jt + 8; }
 
 __device__ __forceinline__ void LdsmX4T(uint32_t (&r)[4], const uint16_t* p) {
@@ -243,7 +247,9 @@ __global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry
   uint16_t* dys = reinterpret_cast<uint16_t*>(smem4);  // [kFwPix][kFwDyLd]: dy rows of the tile, this k block
   uint16_t* colss = dys + kFwPix * kFwDyLd;            // [kFwPix][CLD]: the tile's cols, this j tile
   int* table = reinterpret_cast<int*>(colss + kFwPix * CLD);  // [JT]: column jl's patch offset, -1 past rows
-  uint16_t* patch = reinterpret_cast<uint16_t*>(table + JT);
+  const int rows_tr = g.win0 * g.win1, span = g.wt * g.c, patch_elems = rows_tr * span;
+  int* rowtab = table + JT;                                        // [rows_tr, rounded up to 4]
+  uint16_t* patch = reinterpret_cast<uint16_t*>(rowtab + (rows_tr + 3) / 4 * 4);
   const int tid = threadIdx.x, lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6;
   const int k0 = (blockIdx.y % kblocks) * kFwK, j0 = (blockIdx.y / kblocks) * JT;
   for (int jl = tid; jl < JT; jl += kFwThreads) table[jl] = j0 + jl < g.rows ? PatchOffset(g, j0 + jl) : -1;
@@ -259,15 +265,53 @@ __global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry
   const int segs = (g.out[2] + g.qt - 1) / g.qt, sc = g.stride[2] * g.c;
   for (int b = blockIdx.x; b < row_count * segs; b += gridDim.x) {
     const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
-    __syncthreads();  // the previous tile's MMAs are done with dys, colss and the patch
-    StagePatch(g, x, row, q0, patch);
-    // dy rows as 16-byte words; rows past the tile's pixels and channels past k_total are zeros.
+    // Per patch row tr = (t, r): the offset of x element (d, h, w_lo, 0) in its image, kNoRow outside it. The
+    // previous tile's readers of rowtab passed the barrier after its staging.
+    const int pp = row % g.out[1], zq = row / g.out[1];
+    const int z = zq % g.out[0], n = zq / g.out[0];
+    const int w_lo = q0 * g.stride[2] - g.pad_lo[2];
+    for (int tr = tid; tr < rows_tr; tr += kFwThreads) {
+      const int t = tr / g.win1, r = tr - t * g.win1;
+      const int d = z * g.stride[0] - g.pad_lo[0] + t * g.dil[0], h = pp * g.stride[1] - g.pad_lo[1] + r * g.dil[1];
+      const bool ok = static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
+                      static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]);
+      rowtab[tr] = ok ? ((d * g.in[1] + h) * g.in[2] + w_lo) * g.c : kNoRow;
+    }
+    __syncthreads();  // rowtab written; the previous tile's MMAs are done with dys, colss and the patch
+    // All of a thread's global loads of the tile are issued before their shared-memory stores, in batches (the
+    // loads are latency-bound: one round trip per element had the kernel as slow as the chunked route): the dy
+    // words first, then the patch (as StagePatch: rows of wt * c elements, zeros outside [e_lo, e_hi)).
     const uint16_t* dyr = dy + (static_cast<int64_t>(row) * g.out[2] + q0) * k_total + k0;
-    for (int i = tid; i < kFwPix * (kFwK / 8); i += kFwThreads) {
-      const int ml = i / (kFwK / 8), v = (i % (kFwK / 8)) * 8;
-      uint4 word = make_uint4(0, 0, 0, 0);
-      if (ml < qn && k0 + v < k_total) word = *reinterpret_cast<const uint4*>(dyr + static_cast<int64_t>(ml) * k_total + v);
-      *reinterpret_cast<uint4*>(dys + ml * kFwDyLd + v) = word;
+    uint4 dyw[kFwDyWords];
+#pragma unroll
+    for (int u = 0; u < kFwDyWords; ++u) {
+      const int i = tid + u * kFwThreads, ml = i / (kFwK / 8), v = (i % (kFwK / 8)) * 8;
+      dyw[u] = ml < qn && k0 + v < k_total ? *reinterpret_cast<const uint4*>(dyr + static_cast<int64_t>(ml) * k_total + v)
+                                           : make_uint4(0, 0, 0, 0);
+    }
+    const uint16_t* xn = x + static_cast<int64_t>(n) * g.in[0] * g.in[1] * g.in[2] * g.c;
+    const int e_lo = max(0, -w_lo * g.c), e_hi = min(span, (g.in[2] - w_lo) * g.c);
+    for (int i0 = tid; i0 < patch_elems; i0 += kFwBatch * kFwThreads) {
+      uint16_t val[kFwBatch];
+      int tr = i0 / span, e = i0 - tr * span;
+#pragma unroll
+      for (int u = 0; u < kFwBatch; ++u) {
+        val[u] = 0;
+        if (i0 + u * kFwThreads < patch_elems) {
+          const int ro = rowtab[tr];
+          if (ro != kNoRow && e >= e_lo && e < e_hi) val[u] = xn[ro + e];
+        }
+        for (e += kFwThreads; e >= span; e -= span) ++tr;
+      }
+#pragma unroll
+      for (int u = 0; u < kFwBatch; ++u) {
+        if (i0 + u * kFwThreads < patch_elems) patch[i0 + u * kFwThreads] = val[u];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kFwDyWords; ++u) {
+      const int i = tid + u * kFwThreads;
+      *reinterpret_cast<uint4*>(dys + i / (kFwK / 8) * kFwDyLd + (i % (kFwK / 8)) * 8) = dyw[u];
     }
     __syncthreads();
     // cols[ml, jl] = patch[table[jl] + ml * stride * c]; work items of one column and 8 pixels (JT * 8 of them,
@@ -424,7 +468,8 @@ FusedPlan MakeFusedPlan(const ConvParams& p, DT in) {
   f.kblocks = kblocks;
   // About three blocks per SM (the kernel's occupancy), each with at least one tile.
   f.splits = std::min({CeilDiv(kPlanSms * 3, jtiles * kblocks), tiles, static_cast<int64_t>(kMaxFusedSlices / slice)});
-  f.smem = static_cast<size_t>(kFwPix * (kFwDyLd + FwColsLd(jt))) * 2 + static_cast<size_t>(jt) * 4 +
+  f.smem = static_cast<size_t>(kFwPix * (kFwDyLd + FwColsLd(jt))) * 2 +
+           static_cast<size_t>(jt + CeilDiv(p.win[0] * p.win[1], 4) * 4) * 4 +
            static_cast<size_t>(p.win[0] * p.win[1] * PatchWidth(p, qt) * p.c[0]) * 2;
   f.bytes = AlignUp(static_cast<size_t>(f.splits) * slice);
   return f;
