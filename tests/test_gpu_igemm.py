@@ -61,6 +61,8 @@ CASES = {
     "c3_conv3d": ((2, 7, 9, 8, 3), (3, 3, 3), "SAME", (1, 1, 1), (2, 1, 1), 16),
     # taps * c = 175 columns: two column tiles of the fused filter gradient (160 + 15); k = 72: two k blocks
     "c5_5x7_k72": ((2, 23, 29, 5), (5, 7), ((2, 2), (3, 3)), (1, 1), (1, 2), 72),
+    # a 3430-element patch per tile, more than the fused filter gradient prefetches (3072); 343 columns: 3 tiles
+    "c7_7x7_wide_patch": ((1, 12, 100, 7), (7, 7), "SAME", (1, 1), (1, 1), 16),
     # 17 images of 6400 output pixels: more than one chunk of unrolled windows (32 MB each), a short last chunk
     "c3_chunks": ((17, 160, 160, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 16),
     # 1x1 stride 1: plain GEMMs on the Hopper (gemm1x1_sm90.cu, 16-bit operands), odd M (pixels), c/k over and
