@@ -13,6 +13,7 @@
 // (sm_80+) instead runs one fused kernel that unrolls each tile of the window in shared memory and never writes
 // cols (FusedWgradKernel).
 #include <algorithm>
+#include <climits>
 
 #include "algorithms.h"
 #include "cuda/common.cuh"
@@ -205,82 +206,8 @@ constexpr int kFwThreads = 128; // 4 warps: 2 along k (32 channels each) x 2 alo
 constexpr int kFwMaxJt = 160;   // a 7x7 stem's 147 columns in one tile
 constexpr int kFwDyLd = kFwK + 8;  // smem row strides padded by 16 bytes: conflict-free ldmatrix
 constexpr int kFwDyWords = kFwPix * kFwK / 8 / kFwThreads;  // 16-byte dy words per thread and tile
-constexpr int kFwHold = 24;  // patch elements per thread and tile prefetched in registers (3072 per block)
-
-// Tile b of the fused kernel: qn pixels from q0 of output row `row` (n, z, p).
-struct FwTile {
-  int row, q0, qn;
-};
-__device__ __forceinline__ FwTile TileAt(const Geometry& g, int b, int segs) {
-  FwTile t;
-  t.row = b / segs;
-  t.q0 = (b - t.row * segs) * g.qt;
-  t.qn = min(g.qt, g.out[2] - t.q0);
-  return t;
-}
-
-// The tile's dy rows (this block's kFwK channels from k0) as 16-byte words; zeros past its pixels and k_total.
-__device__ __forceinline__ void LoadDy(const Geometry& g, const uint16_t* __restrict__ dy, const FwTile& t,
-                                       int k_total, int k0, uint4 (&w)[kFwDyWords]) {
-  const uint16_t* dyr = dy + (static_cast<int64_t>(t.row) * g.out[2] + t.q0) * k_total + k0;
-#pragma unroll
-  for (int u = 0; u < kFwDyWords; ++u) {
-    const int i = threadIdx.x + u * kFwThreads, ml = i / (kFwK / 8), v = (i % (kFwK / 8)) * 8;
-    w[u] = ml < t.qn && k0 + v < k_total ? *reinterpret_cast<const uint4*>(dyr + static_cast<int64_t>(ml) * k_total + v)
-                                         : make_uint4(0, 0, 0, 0);
-  }
-}
-
-__device__ __forceinline__ void StoreDy(const uint4 (&w)[kFwDyWords], uint16_t* __restrict__ dys) {
-#pragma unroll
-  for (int u = 0; u < kFwDyWords; ++u) {
-    const int i = threadIdx.x + u * kFwThreads;
-    *reinterpret_cast<uint4*>(dys + i / (kFwK / 8) * kFwDyLd + (i % (kFwK / 8)) * 8) = w[u];
-  }
-}
-
-// Patch elements i = start + threadIdx.x + u * kFwThreads (u < kFwHold) of the tile, as StagePatch lays them out:
-// element i is column e = i % span of patch row i / span = (t, r), x[n, d, h, (w_lo * c + e)], zeros outside the
-// image and past the patch. (t, r, d, h) advance with e (one division per call, not per element), and no loaded
-// value is used here, so all the loads are in flight together.
-__device__ __forceinline__ void LoadPatch(const Geometry& g, const uint16_t* __restrict__ x, const FwTile& t,
-                                          int start, uint16_t (&v)[kFwHold]) {
-  const int span = g.wt * g.c, rows_tr = g.win0 * g.win1;
-  const int pp = t.row % g.out[1], zq = t.row / g.out[1];
-  const int z = zq % g.out[0], n = zq / g.out[0];
-  const int w_lo = t.q0 * g.stride[2] - g.pad_lo[2];
-  const int e_lo = max(0, -w_lo * g.c), e_hi = min(span, (g.in[2] - w_lo) * g.c);
-  const uint16_t* xn = x + static_cast<int64_t>(n) * g.in[0] * g.in[1] * g.in[2] * g.c;
-  const int i = start + threadIdx.x, h0 = pp * g.stride[1] - g.pad_lo[1];
-  int tr = i / span, e = i - tr * span;
-  int r = tr % g.win1;
-  int d = z * g.stride[0] - g.pad_lo[0] + tr / g.win1 * g.dil[0], h = h0 + r * g.dil[1];
-#pragma unroll
-  for (int u = 0; u < kFwHold; ++u) {
-    const bool ok = tr < rows_tr && static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
-                    static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]) && e >= e_lo && e < e_hi;
-    v[u] = ok ? xn[((d * g.in[1] + h) * g.in[2] + w_lo) * g.c + e] : uint16_t(0);
-    for (e += kFwThreads; e >= span; e -= span) {
-      ++tr;
-      if (++r == g.win1) {
-        r = 0;
-        h = h0;
-        d += g.dil[0];
-      } else {
-        h += g.dil[1];
-      }
-    }
-  }
-}
-
-__device__ __forceinline__ void StorePatch(int start, int patch_elems, const uint16_t (&v)[kFwHold],
-                                           uint16_t* __restrict__ patch) {
-#pragma unroll
-  for (int u = 0; u < kFwHold; ++u) {
-    const int i = start + threadIdx.x + u * kFwThreads;
-    if (i < patch_elems) patch[i] = v[u];
-  }
-}
+constexpr int kFwBatch = 8;        // patch elements a thread has in flight at once
+constexpr int kNoRow = INT_MIN;
 __host__ __device__ constexpr int FwColsLd(int jt) { return jt + 8; }
 
 __device__ __forceinline__ void LdsmX4T(uint32_t (&r)[4], const uint16_t* p) {
@@ -310,7 +237,7 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
 // NT: n8 MMA tiles per warp along j, JT = 16 * NT columns per block. x, dy: 16-bit elements as bits; dy rows have
 // k_total elements (k_total % 8 == 0: ImplicitGemmApplies). partial: f32 (splits, rows, k_total).
 template <bool kBF16, int NT>
-__global__ void __launch_bounds__(kFwThreads, 2) FusedWgradKernel(const Geometry g, const uint16_t* __restrict__ x,
+__global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry g, const uint16_t* __restrict__ x,
                                                                   const uint16_t* __restrict__ dy, int k_total,
                                                                   int row_count, int kblocks,
                                                                   float* __restrict__ partial) {
@@ -320,8 +247,9 @@ __global__ void __launch_bounds__(kFwThreads, 2) FusedWgradKernel(const Geometry
   uint16_t* dys = reinterpret_cast<uint16_t*>(smem4);  // [kFwPix][kFwDyLd]: dy rows of the tile, this k block
   uint16_t* colss = dys + kFwPix * kFwDyLd;            // [kFwPix][CLD]: the tile's cols, this j tile
   int* table = reinterpret_cast<int*>(colss + kFwPix * CLD);  // [JT]: column jl's patch offset, -1 past rows
-  const int patch_elems = g.win0 * g.win1 * g.wt * g.c;
-  uint16_t* patch = reinterpret_cast<uint16_t*>(table + JT);
+  const int rows_tr = g.win0 * g.win1, span = g.wt * g.c, patch_elems = rows_tr * span;
+  int* rowtab = table + JT;                                        // [rows_tr, rounded up to 4]
+  uint16_t* patch = reinterpret_cast<uint16_t*>(rowtab + (rows_tr + 3) / 4 * 4);
   const int tid = threadIdx.x, lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6;
   const int k0 = (blockIdx.y % kblocks) * kFwK, j0 = (blockIdx.y / kblocks) * JT;
   for (int jl = tid; jl < JT; jl += kFwThreads) table[jl] = j0 + jl < g.rows ? PatchOffset(g, j0 + jl) : -1;
@@ -334,36 +262,58 @@ __global__ void __launch_bounds__(kFwThreads, 2) FusedWgradKernel(const Geometry
       for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
     }
   }
-  const int segs = (g.out[2] + g.qt - 1) / g.qt, sc = g.stride[2] * g.c, tiles = row_count * segs;
-  // Software pipeline: a tile's global loads (its dy words and the first kFwHold elements per thread of its
-  // patch) are issued into registers while the previous tile is unrolled and multiplied, and stored to shared
-  // memory at the top of its own iteration (the loads are latency-bound: with one tile's loads in flight at a
-  // time the kernel took 511 us on ResNet's stem at batch 128, run 53).
-  uint4 dyw[kFwDyWords];
-  uint16_t pv[kFwHold];
-  if (blockIdx.x < tiles) {
-    const FwTile t = TileAt(g, blockIdx.x, segs);
-    LoadDy(g, dy, t, k_total, k0, dyw);
-    LoadPatch(g, x, t, 0, pv);
-  }
-  for (int b = blockIdx.x; b < tiles; b += gridDim.x) {
-    const FwTile t = TileAt(g, b, segs);
-    const int qn = t.qn;
-    __syncthreads();  // the previous tile's MMAs are done with dys, colss and the patch
-    StoreDy(dyw, dys);
-    StorePatch(0, patch_elems, pv, patch);
-    // Patches larger than kFwHold * kFwThreads elements: the rest now, not prefetched.
-    for (int start = kFwHold * kFwThreads; start < patch_elems; start += kFwHold * kFwThreads) {
-      uint16_t rest[kFwHold];
-      LoadPatch(g, x, t, start, rest);
-      StorePatch(start, patch_elems, rest, patch);
+  const int segs = (g.out[2] + g.qt - 1) / g.qt, sc = g.stride[2] * g.c;
+  for (int b = blockIdx.x; b < row_count * segs; b += gridDim.x) {
+    const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
+    // Per patch row tr = (t, r): the offset of x element (d, h, w_lo, 0) in its image, kNoRow outside it. The
+    // previous tile's readers of rowtab passed the barrier after its staging.
+    const int pp = row % g.out[1], zq = row / g.out[1];
+    const int z = zq % g.out[0], n = zq / g.out[0];
+    const int w_lo = q0 * g.stride[2] - g.pad_lo[2];
+    for (int tr = tid; tr < rows_tr; tr += kFwThreads) {
+      const int t = tr / g.win1, r = tr - t * g.win1;
+      const int d = z * g.stride[0] - g.pad_lo[0] + t * g.dil[0], h = pp * g.stride[1] - g.pad_lo[1] + r * g.dil[1];
+      const bool ok = static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
+                      static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]);
+      rowtab[tr] = ok ? ((d * g.in[1] + h) * g.in[2] + w_lo) * g.c : kNoRow;
+    }
+    __syncthreads();  // rowtab written; the previous tile's MMAs are done with dys, colss and the patch
+    // All of a thread's global loads of the tile are issued before their shared-memory stores, in batches (the
+    // loads are latency-bound: one round trip per element had the kernel as slow as the chunked route): the dy
+    // words first, then the patch (as StagePatch: rows of wt * c elements, zeros outside [e_lo, e_hi)).
+    const uint16_t* dyr = dy + (static_cast<int64_t>(row) * g.out[2] + q0) * k_total + k0;
+    uint4 dyw[kFwDyWords];
+#pragma unroll
+    for (int u = 0; u < kFwDyWords; ++u) {
+      const int i = tid + u * kFwThreads, ml = i / (kFwK / 8), v = (i % (kFwK / 8)) * 8;
+      dyw[u] = ml < qn && k0 + v < k_total ? *reinterpret_cast<const uint4*>(dyr + static_cast<int64_t>(ml) * k_total + v)
+                                           : make_uint4(0, 0, 0, 0);
+    }
+    const uint16_t* xn = x + static_cast<int64_t>(n) * g.in[0] * g.in[1] * g.in[2] * g.c;
+    const int e_lo = max(0, -w_lo * g.c), e_hi = min(span, (g.in[2] - w_lo) * g.c);
+    for (int i0 = tid; i0 < patch_elems; i0 += kFwBatch * kFwThreads) {
+      uint16_t val[kFwBatch];
+      int tr = i0 / span, e = i0 - tr * span;
+#pragma unroll
+      for (int u = 0; u < kFwBatch; ++u) {
+        val[u] = 0;
+        if (i0 + u * kFwThreads < patch_elems) {
+          const int ro = rowtab[tr];
+          if (ro != kNoRow && e >= e_lo && e < e_hi) val[u] = xn[ro + e];
+        }
+        for (e += kFwThreads; e >= span; e -= span) ++tr;
+      }
+#pragma unroll
+      for (int u = 0; u < kFwBatch; ++u) {
+        if (i0 + u * kFwThreads < patch_elems) patch[i0 + u * kFwThreads] = val[u];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kFwDyWords; ++u) {
+      const int i = tid + u * kFwThreads;
+      *reinterpret_cast<uint4*>(dys + i / (kFwK / 8) * kFwDyLd + (i % (kFwK / 8)) * 8) = dyw[u];
     }
     __syncthreads();
-    if (b + static_cast<int>(gridDim.x) < tiles) {
-      const FwTile tn = TileAt(g, b + gridDim.x, segs);
-      LoadDy(g, dy, tn, k_total, k0, dyw);
-      LoadPatch(g, x, tn, 0, pv);
-    }
     // cols[ml, jl] = patch[table[jl] + ml * stride * c]; work items of one column and 8 pixels (JT * 8 of them,
     // a multiple of the block: every thread gets the same share).
     for (int item = tid; item < JT * (kFwPix / 8); item += kFwThreads) {
@@ -516,9 +466,10 @@ FusedPlan MakeFusedPlan(const ConvParams& p, DT in) {
   f.jt = jt;
   f.jtiles = jtiles;
   f.kblocks = kblocks;
-  // About two blocks per SM (the kernel's occupancy), each with at least one tile.
-  f.splits = std::min({CeilDiv(kPlanSms * 2, jtiles * kblocks), tiles, static_cast<int64_t>(kMaxFusedSlices / slice)});
-  f.smem = static_cast<size_t>(kFwPix * (kFwDyLd + FwColsLd(jt))) * 2 + static_cast<size_t>(jt) * 4 +
+  // About three blocks per SM (the kernel's occupancy), each with at least one tile.
+  f.splits = std::min({CeilDiv(kPlanSms * 3, jtiles * kblocks), tiles, static_cast<int64_t>(kMaxFusedSlices / slice)});
+  f.smem = static_cast<size_t>(kFwPix * (kFwDyLd + FwColsLd(jt))) * 2 +
+           static_cast<size_t>(jt + CeilDiv(p.win[0] * p.win[1], 4) * 4) * 4 +
            static_cast<size_t>(p.win[0] * p.win[1] * PatchWidth(p, qt) * p.c[0]) * 2;
   f.bytes = AlignUp(static_cast<size_t>(f.splits) * slice);
   return f;
