@@ -241,9 +241,11 @@ def profile_steps(compiled, state, x, y, steps: int):
 def conv_breakdown(per_backend: dict) -> dict:
   """Per-layer device time of the convolutions of each backend's step, matched across backends.
 
-  per_backend: {backend: (conv_instructions(hlo), {instruction: µs per step})}. Layers are matched by op and
-  the element counts of their operands and result (layouts differ between the backends); identical layers
-  (ResNet repeats blocks) are summed. Returns {"rows": [...], "totals": {backend: {"conv", "other", "all",
+  per_backend: {backend: (conv_instructions(hlo), {instruction: µs per step})}. Layers are matched by the
+  element counts of their operands and result (layouts differ between the backends) and of their first
+  operand, and by whether they are filter gradients: lax runs the data gradient of a 1x1 convolution as a
+  cuDNN forward convolution, which then matches jaxconv's dgrad (the row's op is jaxconv's name). Identical
+  layers (ResNet repeats blocks) are summed. Strided layers do not match: XLA pads their input explicitly. Returns {"rows": [...], "totals": {backend: {"conv", "other", "all",
   "unattributed"}}}, rows sorted by the largest time.
   """
   rows, totals = {}, {}
@@ -252,10 +254,12 @@ def conv_breakdown(per_backend: dict) -> dict:
     totals[b] = {"conv": conv, "all": sum(times.values()), "unattributed": times.get("", 0.0)}
     totals[b]["other"] = totals[b]["all"] - conv
     for name, (op, shapes) in convs.items():
-      key = (op, tuple(sorted(int(np.prod(s)) for s in shapes)))
+      counts = [int(np.prod(s)) for s in shapes]
+      key = (op == "wgrad", tuple(sorted(counts)), counts[0])
       row = rows.setdefault(key, {"op": op, "shapes": None, "calls": {}, "us": {}})
-      if row["shapes"] is None or b == "jaxconv":  # jaxconv's shapes are the logical NHWC / HWIO ones
+      if row["shapes"] is None or b == "jaxconv":  # jaxconv's names and logical NHWC / HWIO shapes
         x, w = {"dgrad": (2, 1), "wgrad": (0, 2)}.get(op, (0, 1))
+        row["op"] = op
         row["shapes"] = ("x".join(map(str, shapes[x])), "x".join(map(str, shapes[w])))
       row["calls"][b] = row["calls"].get(b, 0) + 1
       row["us"][b] = row["us"].get(b, 0.0) + times.get(name, 0.0)

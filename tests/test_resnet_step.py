@@ -181,3 +181,35 @@ def test_arguments():
   for bad in (["--models", "resnet34"], ["--backends", "cudnn"], ["--backends", "lax,lax"], ["--steps", "0"]):
     with pytest.raises(SystemExit):
       resnet_step.parse_args(bad)
+
+
+def test_conv_breakdown_matches_lax_data_gradients_run_as_forward_convolutions():
+  """On the GPU, XLA runs the data gradient of a 1x1 convolution as a cuDNN forward convolution: the per-layer
+  table matches it to jaxconv's dgrad, not to the layer's forward (same element counts, other first operand)."""
+  hlo = "\n".join([
+      "  %x = bf16[8,14,14,64]{3,2,1,0} parameter(0)",
+      "  %w = bf16[1,1,64,256]{3,2,1,0} parameter(1)",
+      "  %dy = bf16[8,14,14,256]{3,2,1,0} parameter(2)",
+      "  %wt = bf16[64,1,1,256]{3,2,1,0} transpose(%w)",
+      '  %cudnn-conv.1 = (bf16[8,14,14,256]{3,2,1,0}, u8[0]{0}) custom-call(%x, %w), window={size=1x1}, '
+      'custom_call_target="__cudnn$convForward"',
+      '  %cudnn-conv.2 = (bf16[8,14,14,64]{3,2,1,0}, u8[0]{0}) custom-call(%dy, %wt), window={size=1x1}, '
+      'custom_call_target="__cudnn$convForward"',
+      '  %cudnn-conv.3 = (bf16[1,1,64,256]{3,2,1,0}, u8[0]{0}) custom-call(%x, %dy), window={size=1x1}, '
+      'custom_call_target="__cudnn$convBackwardFilter"'])
+  lax_convs = resnet_step.conv_instructions(hlo)
+  assert {k: v[0] for k, v in lax_convs.items()} == {"cudnn-conv.1": "fwd", "cudnn-conv.2": "fwd",
+                                                      "cudnn-conv.3": "wgrad"}
+  x, w, y = (8, 14, 14, 64), (1, 1, 64, 256), (8, 14, 14, 256)
+  jc_convs = {"f": ("fwd", (x, w, y)), "d": ("dgrad", (y, w, x)), "g": ("wgrad", (x, y, w))}
+  prof = resnet_step.conv_breakdown({
+      "jaxconv": (jc_convs, {"f": 10.0, "d": 20.0, "g": 30.0, "other": 5.0}),
+      "lax": (lax_convs, {"cudnn-conv.1": 11.0, "cudnn-conv.2": 22.0, "cudnn-conv.3": 33.0})})
+  by_op = {r["op"]: r for r in prof["rows"]}
+  assert set(by_op) == {"fwd", "dgrad", "wgrad"} and len(prof["rows"]) == 3
+  assert by_op["fwd"]["us"] == {"jaxconv": 10.0, "lax": 11.0}
+  assert by_op["dgrad"]["us"] == {"jaxconv": 20.0, "lax": 22.0}
+  assert by_op["wgrad"]["us"] == {"jaxconv": 30.0, "lax": 33.0}
+  assert by_op["dgrad"]["shapes"] == ("8x14x14x64", "1x1x64x256")
+  assert prof["totals"]["jaxconv"]["conv"] == 60.0 and prof["totals"]["jaxconv"]["other"] == 5.0
+  assert prof["totals"]["lax"]["conv"] == 66.0
