@@ -245,8 +245,9 @@ def conv_breakdown(per_backend: dict) -> dict:
   element counts of their operands and result (layouts differ between the backends) and of their first
   operand, and by whether they are filter gradients: lax runs the data gradient of a 1x1 convolution as a
   cuDNN forward convolution, which then matches jaxconv's dgrad (the row's op is jaxconv's name). Identical
-  layers (ResNet repeats blocks) are summed. Strided layers do not match: XLA pads their input explicitly. Returns {"rows": [...], "totals": {backend: {"conv", "other", "all",
-  "unattributed"}}}, rows sorted by the largest time.
+  layers (ResNet repeats blocks) are summed. Strided layers do not match: XLA pads their input explicitly.
+  Returns {"rows": [...], "totals": {backend: {"conv", "other", "all", "unattributed"}}}, rows sorted by the
+  largest time.
   """
   rows, totals = {}, {}
   for b, (convs, times) in per_backend.items():
