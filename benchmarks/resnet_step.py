@@ -210,15 +210,15 @@ def conv_instructions(hlo: str) -> dict:
   convolution custom calls. fwd: (x, w) -> y; dgrad: (dy, w) -> dx; wgrad: (x, dy) -> dw, on both backends."""
   shapes = {m.group(1): tuple(int(d) for d in m.group(2).split(",") if d)
             for m in re.finditer(r"%([\w.\-]+) = \(?[a-z0-9]+\[([\d,]*)\]", hlo)}
+  # One pattern for both kinds: a custom call names its target; XLA's own convolution op (CPU) has none and
+  # gets op "conv" (which of the three it is, the HLO does not say).
   out = {}
-  for m in re.finditer(r"%([\w.\-]+) = [^\n]*? custom-call\(([^)]*)\)[^\n]*custom_call_target=\"([^\"]+)\"", hlo):
-    op = _CONV_TARGETS.get(m.group(3))
+  for m in re.finditer(r"%([\w.\-]+) = [^\n]*? (custom-call|convolution)\(([^)]*)\)"
+                       r"(?:[^\n]*custom_call_target=\"([^\"]+)\")?", hlo):
+    op = "conv" if m.group(2) == "convolution" else _CONV_TARGETS.get(m.group(4))
     if op is not None:
-      operands = re.findall(r"%([\w.\-]+)", m.group(2))[:2]
+      operands = re.findall(r"%([\w.\-]+)", m.group(3))[:2]
       out[m.group(1)] = (op, tuple(shapes.get(o, ()) for o in operands) + (shapes.get(m.group(1), ()),))
-  for m in re.finditer(r"%([\w.\-]+) = [^\n]*? convolution\(([^)]*)\)", hlo):  # XLA's own (CPU): op unknown
-    operands = re.findall(r"%([\w.\-]+)", m.group(2))[:2]
-    out[m.group(1)] = ("conv", tuple(shapes.get(o, ()) for o in operands) + (shapes.get(m.group(1), ()),))
   return out
 
 

@@ -66,11 +66,16 @@ def _summarize(events, ncalls, module, source):
                 top=[dict(name=n[:120], count=c, total_us=t / 1e3) for n, (c, t) in top])
 
 
-def _events_from_xspace(path, module):
+def _in_module(mod, module):
+    """Whether an event's hlo_module stat names our module (XLA may suffix it: "jit_f.1")."""
+    return isinstance(mod, str) and (mod == module or mod.startswith(module + "."))
+
+
+def _xplane_events(path):
+    """(event, stats dict, on_device) for the events of an XSpace file, less the trace viewer's derived device
+    lines and the "end: " markers."""
     from jax.profiler import ProfileData  # newer jax only
-    pd = ProfileData.from_file(path)
-    out, unattributed = [], []
-    for plane in pd.planes:
+    for plane in ProfileData.from_file(path).planes:
         pname = plane.name or ""
         on_dev = pname.startswith("/device:") and "cpu" not in pname.lower()
         for line in plane.lines:
@@ -78,21 +83,27 @@ def _events_from_xspace(path, module):
             if on_dev and any(lname.startswith(d) for d in _DERIVED_LINES):
                 continue
             for e in line.events:
+                if (e.name or "").startswith("end: "):
+                    continue
                 try:
                     st = dict(e.stats)
                 except Exception:
                     st = {}
-                if (e.name or "").startswith("end: "):
-                    continue
-                ev = (e.name, float(e.start_ns), float(e.duration_ns), st.get("run_id"), on_dev)
-                mod = st.get("hlo_module")
-                if not isinstance(mod, str) or not (mod == module or mod.startswith(module + ".")):
-                    # kernels replayed from a CUDA graph (XLA command buffers) may carry no hlo_module; only our
-                    # calls run inside the trace window, so device-plane events are still ours
-                    if on_dev and not isinstance(mod, str):
-                        unattributed.append(ev[:3] + (None, True))
-                    continue
-                out.append(ev)
+                yield e, st, on_dev
+
+
+def _events_from_xspace(path, module):
+    out, unattributed = [], []
+    for e, st, on_dev in _xplane_events(path):
+        ev = (e.name, float(e.start_ns), float(e.duration_ns), st.get("run_id"), on_dev)
+        mod = st.get("hlo_module")
+        if not _in_module(mod, module):
+            # kernels replayed from a CUDA graph (XLA command buffers) may carry no hlo_module; only our
+            # calls run inside the trace window, so device-plane events are still ours
+            if on_dev and not isinstance(mod, str):
+                unattributed.append(ev[:3] + (None, True))
+            continue
+        out.append(ev)
     if not any(e[4] for e in out) and unattributed:
         return unattributed, "xplane (device events without hlo_module)"
     return out, "xplane"
@@ -113,7 +124,7 @@ def _events_from_json(path, module):
             continue
         args = e.get("args", {}) or {}
         mod = args.get("hlo_module") or args.get("long_name", "")
-        if not (isinstance(mod, str) and (mod == module or mod.startswith(module + "."))):
+        if not _in_module(mod, module):
             continue
         pn = pnames.get(e.get("pid"), "")
         on_dev = pn.startswith("/device:") and "cpu" not in pn.lower()
@@ -178,39 +189,27 @@ def profile_device_time(fn, args, module, ncalls=5, keep_dir=None):
 
 
 def op_times(log_dir, module):
-  """Time per HLO instruction of `module` in a trace: {hlo_op: {"ns": total, "events": count}}.
+    """Time per HLO instruction of `module` in a trace: {hlo_op: {"ns": total, "events": count}}.
 
-  Device planes (GPU kernels, attributed by their `hlo_op` stat) when present, else the host plane's thunk
-  events (CPU). Kernels that carry no `hlo_op` (replayed from an XLA command buffer) are summed under "" on
-  device planes: run with XLA_FLAGS=--xla_gpu_enable_command_buffer= to attribute every kernel. Never raises;
-  returns {} when nothing was found.
-  """
-  try:
-    from jax.profiler import ProfileData
-    xs = sorted(glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True))
-    if not xs:
-      return {}
-    dev, host = {}, {}
-    for plane in ProfileData.from_file(xs[-1]).planes:
-      pname = plane.name or ""
-      on_dev = pname.startswith("/device:") and "cpu" not in pname.lower()
-      for line in plane.lines:
-        if on_dev and any((line.name or "").lower().startswith(d) for d in _DERIVED_LINES):
-          continue
-        for e in line.events:
-          if (e.name or "").startswith("end: "):
-            continue
-          st = dict(e.stats)
-          mod = st.get("hlo_module")
-          if isinstance(mod, str) and not (mod == module or mod.startswith(module + ".")):
-            continue
-          if not on_dev and mod is None:
-            continue
-          op = st.get("hlo_op")
-          op = op if isinstance(op, str) else ""
-          slot = (dev if on_dev else host).setdefault(op, {"ns": 0.0, "events": 0})
-          slot["ns"] += float(e.duration_ns)
-          slot["events"] += 1
-    return dev or host
-  except Exception:
-    return {}
+    Device planes (GPU kernels, attributed by their `hlo_op` stat) when present, else the host plane's thunk
+    events (CPU). Kernels that carry no `hlo_op` (replayed from an XLA command buffer) are summed under "" on
+    device planes: run with XLA_FLAGS=--xla_gpu_enable_command_buffer= to attribute every kernel. Never raises;
+    returns {} when nothing was found.
+    """
+    try:
+        xs = sorted(glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True))
+        if not xs:
+            return {}
+        dev, host = {}, {}
+        for e, st, on_dev in _xplane_events(xs[-1]):
+            mod = st.get("hlo_module")
+            if (isinstance(mod, str) and not _in_module(mod, module)) or (not on_dev and mod is None):
+                continue
+            op = st.get("hlo_op")
+            op = op if isinstance(op, str) else ""
+            slot = (dev if on_dev else host).setdefault(op, {"ns": 0.0, "events": 0})
+            slot["ns"] += float(e.duration_ns)
+            slot["events"] += 1
+        return dev or host
+    except Exception:
+        return {}
