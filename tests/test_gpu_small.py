@@ -54,6 +54,18 @@ CASES = {
     "16to1_dil2": ((1, 33, 33, 16), (3, 3), ((2, 2), (2, 2)), (2, 2), (1, 1), 1),
     "9to1_dil2x3": ((2, 40, 50, 9), (3, 3), ((2, 2), (3, 3)), (2, 3), (1, 1), 1),
     "16to1_tile_exact_dil1": ((1, 32, 32, 16), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    # c == k == 1 register stencil (plane_stencil.cu: 3x3/5x5, W-dilation 1/2/4/8 with "same" column padding,
+    # W % 8 == 0; 240-column warp strips of 8 (16-bit) or 4 (f32) rows spaced by the H-dilation)
+    "plane_3x3_b3": ((3, 37, 248, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    "plane_dil2_rows_valid": ((1, 50, 480, 1), (3, 3), ((0, 0), (2, 2)), (2, 2), (1, 1), 1),
+    "plane_dil4_16_cols_b2": ((2, 61, 16, 1), (3, 3), ((4, 4), (4, 4)), (4, 4), (1, 1), 1),
+    "plane_dil8_rowdil3_asym": ((1, 83, 232, 1), (3, 3), ((5, 1), (8, 8)), (3, 8), (1, 1), 1),
+    "plane_5x5_b2": ((2, 29, 64, 1), (5, 5), "SAME", (1, 1), (1, 1), 1),
+    "plane_5x5_dil4": ((1, 45, 104, 1), (5, 5), ((2, 2), (8, 8)), (1, 4), (1, 1), 1),
+    "plane_negative_row_pad": ((1, 40, 72, 1), (3, 3), ((-1, 2), (1, 1)), (1, 1), (1, 1), 1),
+    "plane_8_cols": ((1, 9, 8, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    "plane_one_row": ((1, 1, 64, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
+    "plane_517x2048_dil2": ((1, 517, 2048, 1), (3, 3), "SAME", (2, 2), (1, 1), 1),
     # gather fallback (the stencil needs >= 8 output rows, H-dilation 1/2/4/8, unit stride)
     "fallback_1x1": ((1, 1, 1, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
     "fallback_1x4099": ((1, 1, 4099, 1), (1, 3), "SAME", (1, 1), (1, 1), 1),
@@ -70,7 +82,7 @@ CASES = {
     "3d_1to1": ((2, 5, 19, 37, 1), (3, 3, 3), ((1, 1), (1, 1), (2, 2)), (2, 1, 2), (2, 1, 1), 1),
     "3d_4to4": ((1, 4, 17, 33, 4), (2, 3, 3), ((0, 1), (1, 1), (1, 1)), (1, 2, 1), (1, 1, 1), 4),
 }
-QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2", "3to2_dil2_valid_b2",
+QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "plane_3x3_b3", "plane_dil8_rowdil3_asym", "plane_5x5_b2", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2", "3to2_dil2_valid_b2",
                      "3d_1to1", "fallback_5x7", "3to64_7x7_s2"]
 
 
@@ -112,7 +124,7 @@ def test_small_dtypes(name, dtype, rng):
 
 
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
-@pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
+@pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "plane_3x3_b3", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
                                   "3d_1to1", "2to20_partial_chunks"])
 def test_small_bias_activation(name, act, rng):
   shape, win, padding, dil, stride, k = CASES[name]
@@ -130,7 +142,7 @@ def test_small_bias_activation(name, act, rng):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("name", ["1to1_dil2", "1to16_tutorial", "4to1_dil2"])
+@pytest.mark.parametrize("name", ["1to1_dil2", "plane_dil2_rows_valid", "1to16_tutorial", "4to1_dil2"])
 def test_small_half_inputs_f32_output(name, dtype, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   x = cu.to_gpu(cu.randn(rng, shape, dtype))
@@ -144,8 +156,9 @@ def test_small_half_inputs_f32_output(name, dtype, rng):
   cu.assert_close(y, np.maximum(ref, 0), cu.tolerance(dtype, "float32"), name)
 
 
-def test_small_auto_matches_forced_and_is_deterministic(rng):
-  x = cu.to_gpu(cu.randn(rng, (2, 131, 257, 1), np.float32))
+@pytest.mark.parametrize("width", [257, 256])  # 256: the register stencil (its filter gradient reduces per block)
+def test_small_auto_matches_forced_and_is_deterministic(width, rng):
+  x = cu.to_gpu(cu.randn(rng, (2, 131, width, 1), np.float32))
   w = cu.to_gpu(cu.randn(rng, (3, 3, 1, 1), np.float32))
   f = functools.partial(jaxconv.conv2d, padding="SAME", dilation=2)
   forced = jax.jit(functools.partial(f, algorithm="small"))
@@ -157,11 +170,12 @@ def test_small_auto_matches_forced_and_is_deterministic(rng):
   assert np.array_equal(np.asarray(a1), np.asarray(a2)) and np.array_equal(np.asarray(b1), np.asarray(b2))
 
 
-def test_small_more_than_2_31_elements():
-  """bf16 1->1 3x3 over 3 images of 32767 x 32767 (> 2**31 elements in all; each image < 2**30, the family's
-  per-image bound): 64-bit batch offsets in the stencil's staging and stores, the far corner of the last image
+@pytest.mark.parametrize("width", [32767, 32768])  # 32768: the register stencil (W % 8 == 0)
+def test_small_more_than_2_31_elements(width):
+  """bf16 1->1 3x3 over 3 images of 32767 x width (> 2**31 elements in all; each image < 2**30, the family's
+  per-image bound): 64-bit batch offsets in the stencils' loads and stores, the far corner of the last image
   and the middle of the first against a float64 reference on slices."""
-  shape = (3, 32767, 32767, 1)
+  shape = (3, 32767, width, 1)
   assert np.prod(shape, dtype=np.int64) > 2 ** 31
   _check_sliced_1to1(shape)
 

@@ -77,6 +77,18 @@ int64_t SmallChannelWgradChunks(const ConvParams& p, DT in);
 cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
                               void* scratch, size_t scratch_bytes, cudaStream_t s);
 
+// ---- plane_stencil.cu: c == k == 1 2-D stencils (unit stride, "same" column padding, width % 8 == 0; see the
+// file); the small-channel family's fast path. *launched false: not taken (the caller runs its own kernels). ----
+bool PlaneStencilApplies(const ConvParams& p, DT in);
+cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+                            void* y, cudaStream_t s, bool* launched);
+cudaError_t PlaneStencilDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+                              cudaStream_t s, bool* launched);
+// wgrad writes PlaneWgradBlocks(p, in) partial filters (f32, win taps each) to `partials`; the caller reduces them.
+int64_t PlaneWgradBlocks(const ConvParams& p, DT in);
+cudaError_t PlaneStencilWgrad(const ConvParams& p, DT in, const void* x, const void* dy, float* partials,
+                              cudaStream_t s, bool* launched);
+
 // Compute capability (major * 10 + minor) of the current device, 0 if unknown (implicit_gemm.cu).
 int DeviceArch();
 

@@ -1106,6 +1106,9 @@ cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, c
   g.act = static_cast<int>(p.activation[0]);
   g.has_bias = static_cast<int>(p.has_bias[0]);
   bool launched = false;
+  if (const cudaError_t e = PlaneStencilFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
   if (const cudaError_t e = RunStencil(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
   const cudaError_t e = RunGather(g, in, out, x, w, bias, y, s, &launched);
   if (e != cudaSuccess || launched) return e;
@@ -1140,6 +1143,9 @@ cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy
   g.act = kActNone;
   g.has_bias = 0;
   bool launched = false;
+  if (const cudaError_t e = PlaneStencilDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
   if (const cudaError_t e = RunStencil(g, in, out, dy, w, nullptr, dx, s, &launched); e != cudaSuccess || launched) return e;
   const cudaError_t e = RunGather(g, in, out, dy, w, nullptr, dx, s, &launched);
   if (e != cudaSuccess || launched) return e;
@@ -1148,6 +1154,7 @@ cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy
 
 int64_t SmallChannelWgradChunks(const ConvParams& p, DT in) {
   if (WElements(p) <= 0) return 0;
+  if (PlaneStencilApplies(p, in)) return PlaneWgradBlocks(p, in);
   TwArgs t{};
   int cbw = 0, kbw = 0;
   if (TiledWgradPlan(p, in, &t, &cbw, &kbw)) return t.tiles;
@@ -1164,7 +1171,12 @@ cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x,
   TwArgs t{};
   int cbw = 0, kbw = 0;
   cudaError_t e = cudaSuccess;
-  if (TiledWgradPlan(p, in, &t, &cbw, &kbw)) {
+  if (PlaneStencilApplies(p, in)) {
+    bool launched = false;
+    e = PlaneStencilWgrad(p, in, x, dy, static_cast<float*>(scratch), s, &launched);
+    // Not taken only for unaligned buffers; the scratch is sized for the plane's partials, so run unsplit.
+    if (e == cudaSuccess && !launched) return DirectWgrad(p, in, out, x, dy, dw, nullptr, 1, s);
+  } else if (TiledWgradPlan(p, in, &t, &cbw, &kbw)) {
     switch (in) {
       case DT::kBF16: e = RunTw<__nv_bfloat16>(t, cbw, kbw, x, dy, scratch, s); break;
       case DT::kF16: e = RunTw<__half>(t, cbw, kbw, x, dy, scratch, s); break;

@@ -1,0 +1,415 @@
+// Single-channel 2-D stencils (c == k == 1, groups 1): the forward, data gradient and filter gradient of the
+// msd-style "1 -> 1" layers, which are pure bandwidth problems (9 FMAs per 2-byte pixel read and written).
+// Taken by the small-channel family (small_channel.cu) when PlaneStencilApplies; everything else stays there.
+//
+// Register stencil, no shared memory. A warp owns a strip of 240 destination columns and TH destination rows
+// spaced by the row dilation dh (a "comb": rows y0, y0 + dh, ..., so the K source rows of each output row are
+// K consecutive teeth of the source comb, whatever dh). Lane l loads the 8 source columns x0 + [0, 8) of each
+// comb row with one 16-byte vector (two for f32), x0 = 240 * strip - 8 + 8 l: lanes 0 and 31 only load the
+// strip's halo and write nothing, the other 30 lanes take their neighbours' columns by warp shuffles (the
+// horizontal halo is at most 8 columns: (K - 1) / 2 * dw <= 8). All TH + K - 1 row loads of a warp are issued
+// before any arithmetic (independent 16-byte loads in flight hide the DRAM latency); every source byte is read
+// once from DRAM, halo rows and columns again from L2.
+//   fwd:   y[y, x]  = act(bias + sum_{r,s} w[r, s] * x[y - ph + r dh, x - pw + s dw])
+//   dgrad: dx[y, x] = the same with w rotated by 180 degrees and ph' = (K - 1) dh - ph (stride 1: a correlation)
+//   wgrad: dw[r, s] = sum_{y,x} x[y - ph + r dh, x - pw + s dw] * dy[y, x]: per-thread sums, then the warp
+//          (shuffles) and the block (shared memory, warp order) reduce them into one partial per block; the
+//          small-channel reduction adds the partials in block order (deterministic, no atomics).
+// Columns need "same" padding (pw = (K - 1) / 2 * dw on both sides, so the destination has the source's
+// width) and a width that is a multiple of 8 (16-byte aligned rows); rows take any padding.
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common.cuh"
+
+namespace jaxconv {
+namespace cuda {
+namespace {
+
+constexpr int kVec = 8;                    // columns per lane
+constexpr int kStripCols = 30 * kVec;      // destination columns per warp (lanes 1..30)
+constexpr int kWarps = 4;                  // warps per block
+constexpr int kMaxHalo = kVec;             // (K - 1) / 2 * dw: the neighbour lane's columns at most
+
+struct PlaneArgs {
+  int64_t images;            // n
+  int64_t src_img, dst_img;  // elements per image of source and destination
+  int64_t warps;             // n * groups * dh * strips
+  int src_rows, dst_rows;    // rows of source and destination (both have `cols` columns)
+  int cols;                  // a multiple of 8
+  int dh, ph;                // row dilation; source row of (destination row 0, tap 0) is -ph
+  int strips, groups;        // 240-column strips; row groups of TH * dh rows
+  int act, has_bias;
+};
+
+// 8 consecutive values of T as float from a 16-byte aligned address (two 16-byte loads for f32).
+template <class T> struct Raw { uint4 v[sizeof(T) * kVec / 16]; };
+
+template <class T>
+__device__ __forceinline__ Raw<T> LoadRaw(const T* p, bool valid) {
+  Raw<T> r;
+#pragma unroll
+  for (int i = 0; i < int(sizeof(r.v) / 16); ++i)
+    r.v[i] = valid ? __ldg(reinterpret_cast<const uint4*>(p) + i) : make_uint4(0, 0, 0, 0);
+  return r;
+}
+
+__device__ __forceinline__ void Unpack(const Raw<float>& r, float* o) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    o[4 * i + 0] = __uint_as_float(r.v[i].x);
+    o[4 * i + 1] = __uint_as_float(r.v[i].y);
+    o[4 * i + 2] = __uint_as_float(r.v[i].z);
+    o[4 * i + 3] = __uint_as_float(r.v[i].w);
+  }
+}
+__device__ __forceinline__ void Unpack(const Raw<__nv_bfloat16>& r, float* o) {
+  const unsigned u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    o[2 * i] = __uint_as_float(u[i] << 16);
+    o[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void Unpack(const Raw<__half>& r, float* o) {
+  const unsigned u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+    o[2 * i] = f.x;
+    o[2 * i + 1] = f.y;
+  }
+}
+
+template <class TO>
+__device__ __forceinline__ void Store8(TO* p, const float* v) {
+  if constexpr (sizeof(TO) == 4) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    uint4 u;
+    unsigned* w = &u.x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const TO lo = FromAcc<TO>(v[2 * i]), hi = FromAcc<TO>(v[2 * i + 1]);
+      w[i] = static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(&lo)) |
+             (static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(&hi)) << 16);
+    }
+    *reinterpret_cast<uint4*>(p) = u;
+  }
+}
+
+// e[kMaxHalo + j] = source column x0 + j for j in [-H, 8 + H): the lane's own 8 columns and H of each
+// neighbour's (H = (K - 1) / 2 * DW, compile-time, so only those shuffles are issued).
+template <int H>
+__device__ __forceinline__ void Window(const float* own, float* e) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) e[kMaxHalo + j] = own[j];
+#pragma unroll
+  for (int j = kVec - H; j < kVec; ++j) e[j] = __shfl_up_sync(0xffffffffu, own[j], 1);
+#pragma unroll
+  for (int j = 0; j < H; ++j) e[kMaxHalo + kVec + j] = __shfl_down_sync(0xffffffffu, own[j], 1);
+}
+
+// The warp's place: image n, destination rows y0 + j dh (j < TH), source columns x0 + [0, 8).
+struct WarpPos {
+  int64_t n;
+  int y0, x0;
+  bool ok;  // the warp exists (the last block may have fewer)
+};
+template <int TH>
+__device__ __forceinline__ WarpPos Place(const PlaneArgs& g) {
+  const int64_t wid = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  WarpPos p;
+  p.ok = wid < g.warps;
+  int64_t t = p.ok ? wid : 0;
+  const int strip = static_cast<int>(t % g.strips);
+  t /= g.strips;
+  const int phase = static_cast<int>(t % g.dh);
+  t /= g.dh;
+  const int grp = static_cast<int>(t % g.groups);
+  p.n = t / g.groups;
+  p.y0 = grp * TH * g.dh + phase;
+  p.x0 = strip * kStripCols - kVec + static_cast<int>(threadIdx.x % 32) * kVec;
+  return p;
+}
+
+// fwd and dgrad: dst[y0 + j dh, x0 + c] for j < TH, lanes 1..30. FLIP: the dgrad (w rotated by 180 degrees).
+template <class T, class TO, int K, int DW, int TH, bool FLIP>
+__global__ void __launch_bounds__(kWarps * 32) PlaneFwdKernel(const PlaneArgs g, const T* __restrict__ src,
+                                                              const T* __restrict__ w, const TO* __restrict__ bias,
+                                                              TO* __restrict__ dst) {
+  constexpr int H = (K - 1) / 2 * DW, M = TH + K - 1;
+  const WarpPos p = Place<TH>(g);
+  if (!p.ok) return;  // whole warps only: the shuffles below see full warps
+  const int lane = threadIdx.x % 32;
+  const bool col_ok = p.x0 >= 0 && p.x0 < g.cols;
+  const T* sbase = src + p.n * g.src_img + p.x0;
+  Raw<T> raw[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const int ys = p.y0 - g.ph + m * g.dh;
+    raw[m] = LoadRaw(sbase + static_cast<int64_t>(ys) * g.cols, col_ok && ys >= 0 && ys < g.src_rows);
+  }
+  float wt[K][K];
+#pragma unroll
+  for (int r = 0; r < K; ++r)
+#pragma unroll
+    for (int s = 0; s < K; ++s) wt[r][s] = ToAcc(w[FLIP ? (K - 1 - r) * K + (K - 1 - s) : r * K + s]);
+  const float b0 = g.has_bias ? ToAcc(bias[0]) : 0.f;
+  const bool store_col = col_ok && lane >= 1 && lane <= 30;
+  TO* dbase = dst + p.n * g.dst_img + p.x0;
+  float acc[TH][kVec];
+#pragma unroll
+  for (int j = 0; j < TH; ++j)
+#pragma unroll
+    for (int c = 0; c < kVec; ++c) acc[j][c] = 0.f;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float own[kVec], e[kVec + 2 * kMaxHalo];
+    Unpack(raw[m], own);
+    Window<H>(own, e);
+#pragma unroll
+    for (int r = 0; r < K; ++r) {
+      const int j = m - r;  // source comb row m is tap r of destination row j
+      if (j < 0 || j >= TH) continue;
+#pragma unroll
+      for (int c = 0; c < kVec; ++c)
+#pragma unroll
+        for (int s = 0; s < K; ++s) acc[j][c] = fmaf(wt[r][s], e[kMaxHalo + c + (s - (K - 1) / 2) * DW], acc[j][c]);
+    }
+    const int jd = m - (K - 1);  // destination row jd has all its taps now
+    if (jd >= 0) {
+      const int yd = p.y0 + jd * g.dh;
+      if (store_col && yd < g.dst_rows) {
+        float v[kVec];
+#pragma unroll
+        for (int c = 0; c < kVec; ++c) v[c] = Activate(acc[jd][c] + b0, g.act);
+        Store8(dbase + static_cast<int64_t>(yd) * g.cols, v);
+      }
+    }
+  }
+}
+
+// wgrad: one partial dw (K * K floats) per block into part[blockIdx.x * K * K + f].
+template <class T, int K, int DW, int TH>
+__global__ void __launch_bounds__(kWarps * 32) PlaneWgradKernel(const PlaneArgs g, const T* __restrict__ x,
+                                                                const T* __restrict__ dy, float* __restrict__ part) {
+  constexpr int H = (K - 1) / 2 * DW, M = TH + K - 1;
+  __shared__ float red[kWarps][K * K];
+  const WarpPos p = Place<TH>(g);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float acc[K][K];
+#pragma unroll
+  for (int r = 0; r < K; ++r)
+#pragma unroll
+    for (int s = 0; s < K; ++s) acc[r][s] = 0.f;
+  if (p.ok) {
+    const bool col_ok = p.x0 >= 0 && p.x0 < g.cols;
+    const bool dy_col = col_ok && lane >= 1 && lane <= 30;  // the halo lanes' dy columns belong to other warps
+    const T* xbase = x + p.n * g.src_img + p.x0;
+    const T* dbase = dy + p.n * g.dst_img + p.x0;
+    Raw<T> rx[M], rd[TH];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const int ys = p.y0 - g.ph + m * g.dh;
+      rx[m] = LoadRaw(xbase + static_cast<int64_t>(ys) * g.cols, col_ok && ys >= 0 && ys < g.src_rows);
+    }
+#pragma unroll
+    for (int j = 0; j < TH; ++j) {
+      const int yd = p.y0 + j * g.dh;
+      rd[j] = LoadRaw(dbase + static_cast<int64_t>(yd) * g.cols, dy_col && yd < g.dst_rows);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float own[kVec], e[kVec + 2 * kMaxHalo];
+      Unpack(rx[m], own);
+      Window<H>(own, e);
+#pragma unroll
+      for (int r = 0; r < K; ++r) {
+        const int j = m - r;
+        if (j < 0 || j >= TH) continue;
+        float d[kVec];
+        Unpack(rd[j], d);
+#pragma unroll
+        for (int s = 0; s < K; ++s)
+#pragma unroll
+          for (int c = 0; c < kVec; ++c) acc[r][s] = fmaf(e[kMaxHalo + c + (s - (K - 1) / 2) * DW], d[c], acc[r][s]);
+      }
+    }
+  }
+  // Fixed-order reductions: lanes by xor shuffles, then the block's warps in order.
+#pragma unroll
+  for (int r = 0; r < K; ++r)
+#pragma unroll
+    for (int s = 0; s < K; ++s) {
+      float v = acc[r][s];
+#pragma unroll
+      for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) red[warp][r * K + s] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x < K * K) {
+    float v = red[0][threadIdx.x];
+#pragma unroll
+    for (int i = 1; i < kWarps; ++i) v += red[i][threadIdx.x];
+    part[static_cast<int64_t>(blockIdx.x) * K * K + threadIdx.x] = v;
+  }
+}
+
+// Rows per warp: 8 for 16-bit data (10 + 8 16-byte loads in flight in the filter gradient), 4 for f32 (its rows
+// are two loads).
+template <class T> constexpr int RowsPerWarp() { return sizeof(T) == 4 ? 4 : 8; }
+
+int KernelTaps(const ConvParams& p) { return static_cast<int>(p.win[2]); }
+
+// Geometry for `src_rows` source and `dst_rows` destination rows; ph as in PlaneArgs.
+PlaneArgs MakeArgs(const ConvParams& p, int64_t src_rows, int64_t dst_rows, int64_t ph, int th) {
+  PlaneArgs g{};
+  g.images = p.n[0];
+  g.cols = static_cast<int>(p.in[2]);
+  g.src_rows = static_cast<int>(src_rows);
+  g.dst_rows = static_cast<int>(dst_rows);
+  g.src_img = src_rows * p.in[2];
+  g.dst_img = dst_rows * p.in[2];
+  g.dh = static_cast<int>(p.rhs_dil[1]);
+  g.ph = static_cast<int>(ph);
+  g.strips = static_cast<int>(CeilDiv(p.in[2], kStripCols));
+  g.groups = static_cast<int>(CeilDiv(dst_rows, int64_t(th) * g.dh));
+  g.warps = g.images * g.groups * g.dh * g.strips;
+  g.act = static_cast<int>(p.activation[0]);
+  g.has_bias = static_cast<int>(p.has_bias[0]);
+  return g;
+}
+
+bool Aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
+
+template <int V> using IntC = std::integral_constant<int, V>;
+
+// Calls f(IntC<K>, IntC<DW>) for the problem's (K, dw); false for any other pair.
+template <class F>
+bool WithTaps(const ConvParams& p, F&& f) {
+  const int k = KernelTaps(p);
+  const int64_t dw = p.rhs_dil[2];
+  if (k == 3) {
+    switch (dw) {
+      case 1: f(IntC<3>{}, IntC<1>{}); return true;
+      case 2: f(IntC<3>{}, IntC<2>{}); return true;
+      case 4: f(IntC<3>{}, IntC<4>{}); return true;
+      case 8: f(IntC<3>{}, IntC<8>{}); return true;
+      default: return false;
+    }
+  }
+  if (k == 5) {
+    switch (dw) {
+      case 1: f(IntC<5>{}, IntC<1>{}); return true;
+      case 2: f(IntC<5>{}, IntC<2>{}); return true;
+      case 4: f(IntC<5>{}, IntC<4>{}); return true;
+      default: return false;
+    }
+  }
+  return false;
+}
+
+// f(T{}, TO{}) for the (input, output) dtype pairs of these kernels (f64 is not one of them).
+template <class F>
+cudaError_t WithTypes(DT in, DT out, F&& f) {
+  if (in == DT::kF32 && out == DT::kF32) return f(float{}, float{});
+  if (in == DT::kBF16 && out == DT::kBF16) return f(__nv_bfloat16{}, __nv_bfloat16{});
+  if (in == DT::kBF16 && out == DT::kF32) return f(__nv_bfloat16{}, float{});
+  if (in == DT::kF16 && out == DT::kF16) return f(__half{}, __half{});
+  if (in == DT::kF16 && out == DT::kF32) return f(__half{}, float{});
+  return cudaErrorInvalidValue;
+}
+
+template <class T, class TO, bool FLIP>
+cudaError_t LaunchFwd(const ConvParams& p, const PlaneArgs& g, const void* src, const void* w, const void* bias,
+                      void* dst, cudaStream_t s) {
+  constexpr int TH = RowsPerWarp<T>();
+  const unsigned blocks = static_cast<unsigned>(CeilDiv(g.warps, kWarps));
+  WithTaps(p, [&](auto k, auto dw) {
+    PlaneFwdKernel<T, TO, decltype(k)::value, decltype(dw)::value, TH, FLIP><<<blocks, kWarps * 32, 0, s>>>(
+        g, static_cast<const T*>(src), static_cast<const T*>(w), static_cast<const TO*>(bias), static_cast<TO*>(dst));
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool PlaneStencilApplies(const ConvParams& p, DT in) {
+  if (in == DT::kF64) return false;
+  if (p.c[0] != 1 || p.k[0] != 1 || p.groups[0] != 1 || p.batch_groups[0] != 1 || p.n[0] < 1) return false;
+  // 2-D (the leading padded dim trivial), unit stride, no lhs dilation.
+  if (p.in[0] != 1 || p.out[0] != 1 || p.win[0] != 1 || p.pad_lo[0] != 0 || p.pad_hi[0] != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (p.stride[d] != 1 || p.lhs_dil[d] != 1) return false;
+  const int64_t k = p.win[2], dw = p.rhs_dil[2], half = (k - 1) / 2 * dw;
+  if (p.win[1] != k || (k != 3 && k != 5) || (dw != 1 && dw != 2 && dw != 4 && dw != 8) || half > kMaxHalo) return false;
+  if (p.pad_lo[2] != half || p.pad_hi[2] != half || p.out[2] != p.in[2] || p.in[2] % kVec != 0) return false;
+  if (p.in[1] < 1 || p.out[1] < 1 || p.rhs_dil[1] > (1 << 16)) return false;
+  // Rows, columns and in-image offsets are 32-bit; |pad| bounded so source rows stay in int range.
+  const int64_t rows = p.in[1] > p.out[1] ? p.in[1] : p.out[1];
+  if (rows * p.in[2] > INT32_MAX || p.pad_lo[1] < -(1 << 20) || p.pad_lo[1] > (1 << 20)) return false;
+  // One block per kWarps warps in a 1-D grid (4 rows per warp: the most warps of any dtype).
+  return CeilDiv(MakeArgs(p, rows, rows, 0, 4).warps, kWarps) <= INT32_MAX;
+}
+
+int64_t PlaneWgradBlocks(const ConvParams& p, DT in) {
+  const int th = in == DT::kF32 ? RowsPerWarp<float>() : RowsPerWarp<__half>();
+  return CeilDiv(MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], th).warps, kWarps);
+}
+
+cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+                            void* y, cudaStream_t s, bool* launched) {
+  *launched = false;
+  if (!PlaneStencilApplies(p, in) || !Aligned16(x) || !Aligned16(y)) return cudaSuccess;
+  *launched = true;
+  return WithTypes(in, out, [&](auto t, auto to) {
+    using T = decltype(t);
+    return LaunchFwd<T, decltype(to), false>(p, MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], RowsPerWarp<T>()), x, w,
+                                             bias, y, s);
+  });
+}
+
+cudaError_t PlaneStencilDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+                              cudaStream_t s, bool* launched) {
+  *launched = false;
+  if (!PlaneStencilApplies(p, in) || !Aligned16(dy) || !Aligned16(dx)) return cudaSuccess;
+  *launched = true;
+  const int64_t ph = (p.win[1] - 1) * p.rhs_dil[1] - p.pad_lo[1];  // the rotated filter's row offset
+  ConvParams q = p;
+  q.activation[0] = kActNone;
+  q.has_bias[0] = 0;
+  return WithTypes(in, out, [&](auto t, auto to) {
+    using T = decltype(t);
+    return LaunchFwd<T, decltype(to), true>(q, MakeArgs(q, p.out[1], p.in[1], ph, RowsPerWarp<T>()), dy, w, nullptr,
+                                            dx, s);
+  });
+}
+
+cudaError_t PlaneStencilWgrad(const ConvParams& p, DT in, const void* x, const void* dy, float* partials,
+                              cudaStream_t s, bool* launched) {
+  *launched = false;
+  if (!PlaneStencilApplies(p, in) || !Aligned16(x) || !Aligned16(dy)) return cudaSuccess;
+  *launched = true;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int TH = RowsPerWarp<T>();
+    const PlaneArgs g = MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], TH);
+    const unsigned blocks = static_cast<unsigned>(CeilDiv(g.warps, kWarps));
+    WithTaps(p, [&](auto k, auto dw) {
+      PlaneWgradKernel<T, decltype(k)::value, decltype(dw)::value, TH><<<blocks, kWarps * 32, 0, s>>>(g, static_cast<const T*>(x),
+                                                                    static_cast<const T*>(dy), partials);
+    });
+    return cudaGetLastError();
+  };
+  switch (in) {
+    case DT::kBF16: return run(__nv_bfloat16{});
+    case DT::kF16: return run(__half{});
+    default: return run(float{});
+  }
+}
+
+}  // namespace cuda
+}  // namespace jaxconv
