@@ -19,6 +19,7 @@
 // width) and a width that is a multiple of 8 (16-byte aligned rows); rows take any padding.
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -258,9 +259,20 @@ __global__ void __launch_bounds__(kWarps * 32) PlaneWgradKernel(const PlaneArgs 
   }
 }
 
-// Rows per warp: 8 for 16-bit data (10 + 8 16-byte loads in flight in the filter gradient), 4 for f32 (its rows
-// are two loads).
-template <class T> constexpr int RowsPerWarp() { return sizeof(T) == 4 ? 4 : 8; }
+template <int V> using IntC = std::integral_constant<int, V>;
+
+// Rows per warp: at most 8 for 16-bit data (10 + 8 16-byte loads in flight in the filter gradient), 4 for f32 (its
+// rows are two loads); fewer on small problems, whose time is one warp's chain of loads and FMAs.
+int RowsPerWarp(const ConvParams& p, DT in, int64_t dst_rows);
+
+template <class F>
+cudaError_t WithRows(int th, F&& f) {
+  switch (th) {
+    case 2: return f(IntC<2>{});
+    case 4: return f(IntC<4>{});
+    default: return f(IntC<8>{});
+  }
+}
 
 int KernelTaps(const ConvParams& p) { return static_cast<int>(p.win[2]); }
 
@@ -284,8 +296,6 @@ PlaneArgs MakeArgs(const ConvParams& p, int64_t src_rows, int64_t dst_rows, int6
 }
 
 bool Aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
-
-template <int V> using IntC = std::integral_constant<int, V>;
 
 // Calls f(IntC<K>, IntC<DW>) for the problem's (K, dw); false for any other pair.
 template <class F>
@@ -324,15 +334,27 @@ cudaError_t WithTypes(DT in, DT out, F&& f) {
 }
 
 template <class T, class TO, bool FLIP>
-cudaError_t LaunchFwd(const ConvParams& p, const PlaneArgs& g, const void* src, const void* w, const void* bias,
-                      void* dst, cudaStream_t s) {
-  constexpr int TH = RowsPerWarp<T>();
-  const unsigned blocks = static_cast<unsigned>(CeilDiv(g.warps, kWarps));
-  WithTaps(p, [&](auto k, auto dw) {
-    PlaneFwdKernel<T, TO, decltype(k)::value, decltype(dw)::value, TH, FLIP><<<blocks, kWarps * 32, 0, s>>>(
-        g, static_cast<const T*>(src), static_cast<const T*>(w), static_cast<const TO*>(bias), static_cast<TO*>(dst));
+cudaError_t LaunchFwd(const ConvParams& p, DT in, int64_t src_rows, int64_t dst_rows, int64_t ph, const void* src,
+                      const void* w, const void* bias, void* dst, cudaStream_t s) {
+  return WithRows(RowsPerWarp(p, in, dst_rows), [&](auto th) {
+    constexpr int TH = decltype(th)::value;
+    const PlaneArgs g = MakeArgs(p, src_rows, dst_rows, ph, TH);
+    const unsigned blocks = static_cast<unsigned>(CeilDiv(g.warps, kWarps));
+    WithTaps(p, [&](auto k, auto dw) {
+      PlaneFwdKernel<T, TO, decltype(k)::value, decltype(dw)::value, TH, FLIP><<<blocks, kWarps * 32, 0, s>>>(
+          g, static_cast<const T*>(src), static_cast<const T*>(w), static_cast<const TO*>(bias),
+          static_cast<TO*>(dst));
+    });
+    return cudaGetLastError();
   });
-  return cudaGetLastError();
+}
+
+int RowsPerWarp(const ConvParams& p, DT in, int64_t dst_rows) {
+  if (const char* e = std::getenv("JAXCONV_PLANE_TH_EXPERIMENT")) return std::atoi(e);
+  int th = in == DT::kF32 ? 4 : 8;
+  // At least ~16 warps per SM where the problem allows.
+  while (th > 2 && MakeArgs(p, dst_rows, dst_rows, 0, th).warps < 16 * kPlanSms) th /= 2;
+  return th;
 }
 
 }  // namespace
@@ -356,8 +378,7 @@ bool PlaneStencilApplies(const ConvParams& p, DT in) {
 }
 
 int64_t PlaneWgradBlocks(const ConvParams& p, DT in) {
-  const int th = in == DT::kF32 ? RowsPerWarp<float>() : RowsPerWarp<__half>();
-  return CeilDiv(MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], th).warps, kWarps);
+  return CeilDiv(MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], RowsPerWarp(p, in, p.out[1])).warps, kWarps);
 }
 
 cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
@@ -367,8 +388,7 @@ cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, c
   *launched = true;
   return WithTypes(in, out, [&](auto t, auto to) {
     using T = decltype(t);
-    return LaunchFwd<T, decltype(to), false>(p, MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], RowsPerWarp<T>()), x, w,
-                                             bias, y, s);
+    return LaunchFwd<T, decltype(to), false>(p, in, p.in[1], p.out[1], p.pad_lo[1], x, w, bias, y, s);
   });
 }
 
@@ -383,8 +403,7 @@ cudaError_t PlaneStencilDgrad(const ConvParams& p, DT in, DT out, const void* dy
   q.has_bias[0] = 0;
   return WithTypes(in, out, [&](auto t, auto to) {
     using T = decltype(t);
-    return LaunchFwd<T, decltype(to), true>(q, MakeArgs(q, p.out[1], p.in[1], ph, RowsPerWarp<T>()), dy, w, nullptr,
-                                            dx, s);
+    return LaunchFwd<T, decltype(to), true>(q, in, p.out[1], p.in[1], ph, dy, w, nullptr, dx, s);
   });
 }
 
@@ -395,14 +414,16 @@ cudaError_t PlaneStencilWgrad(const ConvParams& p, DT in, const void* x, const v
   *launched = true;
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    constexpr int TH = RowsPerWarp<T>();
-    const PlaneArgs g = MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], TH);
-    const unsigned blocks = static_cast<unsigned>(CeilDiv(g.warps, kWarps));
-    WithTaps(p, [&](auto k, auto dw) {
-      PlaneWgradKernel<T, decltype(k)::value, decltype(dw)::value, TH><<<blocks, kWarps * 32, 0, s>>>(g, static_cast<const T*>(x),
-                                                                    static_cast<const T*>(dy), partials);
+    return WithRows(RowsPerWarp(p, in, p.out[1]), [&](auto th) {
+      constexpr int TH = decltype(th)::value;
+      const PlaneArgs g = MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], TH);
+      const unsigned blocks = static_cast<unsigned>(CeilDiv(g.warps, kWarps));
+      WithTaps(p, [&](auto k, auto dw) {
+        PlaneWgradKernel<T, decltype(k)::value, decltype(dw)::value, TH><<<blocks, kWarps * 32, 0, s>>>(
+            g, static_cast<const T*>(x), static_cast<const T*>(dy), partials);
+      });
+      return cudaGetLastError();
     });
-    return cudaGetLastError();
   };
   switch (in) {
     case DT::kBF16: return run(__nv_bfloat16{});
