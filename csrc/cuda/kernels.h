@@ -84,8 +84,8 @@ cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, c
                             void* y, cudaStream_t s, bool* launched);
 cudaError_t PlaneStencilDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched);
-// wgrad writes PlaneWgradBlocks(p, in) partial filters (f32, win taps each) to `partials`; the caller reduces them.
-int64_t PlaneWgradBlocks(const ConvParams& p, DT in);
+// wgrad writes PlaneWgradBlocks(p) partial filters (f32, win taps each) to `partials`; the caller reduces them.
+int64_t PlaneWgradBlocks(const ConvParams& p);
 cudaError_t PlaneStencilWgrad(const ConvParams& p, DT in, const void* x, const void* dy, float* partials,
                               cudaStream_t s, bool* launched);
 

@@ -19,7 +19,6 @@
 // width) and a width that is a multiple of 8 (16-byte aligned rows); rows take any padding.
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -261,17 +260,14 @@ __global__ void __launch_bounds__(kWarps * 32) PlaneWgradKernel(const PlaneArgs 
 
 template <int V> using IntC = std::integral_constant<int, V>;
 
-// Rows per warp: at most 8 for 16-bit data (10 + 8 16-byte loads in flight in the filter gradient), 4 for f32 (its
-// rows are two loads); fewer on small problems, whose time is one warp's chain of loads and FMAs.
-int RowsPerWarp(const ConvParams& p, DT in, int64_t dst_rows);
+// Rows per warp: 4, or 2 on small problems, whose time is one warp's chain of loads and FMAs. Measured on the
+// H100 (2026-11-22, forward, 3x3): 4096^2 bf16 34.7 us at 4 rows, 39.6 at 8, 40.5 at 2; 1024^2 bf16 3.1 us at 2,
+// 3.4 at 4, 5.4 at 8.
+int RowsPerWarp(const ConvParams& p, int64_t dst_rows);
 
 template <class F>
 cudaError_t WithRows(int th, F&& f) {
-  switch (th) {
-    case 2: return f(IntC<2>{});
-    case 4: return f(IntC<4>{});
-    default: return f(IntC<8>{});
-  }
+  return th == 2 ? f(IntC<2>{}) : f(IntC<4>{});
 }
 
 int KernelTaps(const ConvParams& p) { return static_cast<int>(p.win[2]); }
@@ -334,9 +330,9 @@ cudaError_t WithTypes(DT in, DT out, F&& f) {
 }
 
 template <class T, class TO, bool FLIP>
-cudaError_t LaunchFwd(const ConvParams& p, DT in, int64_t src_rows, int64_t dst_rows, int64_t ph, const void* src,
+cudaError_t LaunchFwd(const ConvParams& p, int64_t src_rows, int64_t dst_rows, int64_t ph, const void* src,
                       const void* w, const void* bias, void* dst, cudaStream_t s) {
-  return WithRows(RowsPerWarp(p, in, dst_rows), [&](auto th) {
+  return WithRows(RowsPerWarp(p, dst_rows), [&](auto th) {
     constexpr int TH = decltype(th)::value;
     const PlaneArgs g = MakeArgs(p, src_rows, dst_rows, ph, TH);
     const unsigned blocks = static_cast<unsigned>(CeilDiv(g.warps, kWarps));
@@ -349,12 +345,9 @@ cudaError_t LaunchFwd(const ConvParams& p, DT in, int64_t src_rows, int64_t dst_
   });
 }
 
-int RowsPerWarp(const ConvParams& p, DT in, int64_t dst_rows) {
-  if (const char* e = std::getenv("JAXCONV_PLANE_TH_EXPERIMENT")) return std::atoi(e);
-  int th = in == DT::kF32 ? 4 : 8;
-  // At least ~16 warps per SM where the problem allows.
-  while (th > 2 && MakeArgs(p, dst_rows, dst_rows, 0, th).warps < 16 * kPlanSms) th /= 2;
-  return th;
+int RowsPerWarp(const ConvParams& p, int64_t dst_rows) {
+  // At least 16 warps per SM at 4 rows, else 2 rows.
+  return MakeArgs(p, dst_rows, dst_rows, 0, 4).warps < 16 * kPlanSms ? 2 : 4;
 }
 
 }  // namespace
@@ -373,12 +366,12 @@ bool PlaneStencilApplies(const ConvParams& p, DT in) {
   // Rows, columns and in-image offsets are 32-bit; |pad| bounded so source rows stay in int range.
   const int64_t rows = p.in[1] > p.out[1] ? p.in[1] : p.out[1];
   if (rows * p.in[2] > INT32_MAX || p.pad_lo[1] < -(1 << 20) || p.pad_lo[1] > (1 << 20)) return false;
-  // One block per kWarps warps in a 1-D grid (4 rows per warp: the most warps of any dtype).
-  return CeilDiv(MakeArgs(p, rows, rows, 0, 4).warps, kWarps) <= INT32_MAX;
+  // One block per kWarps warps in a 1-D grid (2 rows per warp: the most warps).
+  return CeilDiv(MakeArgs(p, rows, rows, 0, 2).warps, kWarps) <= INT32_MAX;
 }
 
-int64_t PlaneWgradBlocks(const ConvParams& p, DT in) {
-  return CeilDiv(MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], RowsPerWarp(p, in, p.out[1])).warps, kWarps);
+int64_t PlaneWgradBlocks(const ConvParams& p) {
+  return CeilDiv(MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], RowsPerWarp(p, p.out[1])).warps, kWarps);
 }
 
 cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
@@ -388,7 +381,7 @@ cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, c
   *launched = true;
   return WithTypes(in, out, [&](auto t, auto to) {
     using T = decltype(t);
-    return LaunchFwd<T, decltype(to), false>(p, in, p.in[1], p.out[1], p.pad_lo[1], x, w, bias, y, s);
+    return LaunchFwd<T, decltype(to), false>(p, p.in[1], p.out[1], p.pad_lo[1], x, w, bias, y, s);
   });
 }
 
@@ -403,7 +396,7 @@ cudaError_t PlaneStencilDgrad(const ConvParams& p, DT in, DT out, const void* dy
   q.has_bias[0] = 0;
   return WithTypes(in, out, [&](auto t, auto to) {
     using T = decltype(t);
-    return LaunchFwd<T, decltype(to), true>(q, in, p.out[1], p.in[1], ph, dy, w, nullptr, dx, s);
+    return LaunchFwd<T, decltype(to), true>(q, p.out[1], p.in[1], ph, dy, w, nullptr, dx, s);
   });
 }
 
@@ -414,7 +407,7 @@ cudaError_t PlaneStencilWgrad(const ConvParams& p, DT in, const void* x, const v
   *launched = true;
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    return WithRows(RowsPerWarp(p, in, p.out[1]), [&](auto th) {
+    return WithRows(RowsPerWarp(p, p.out[1]), [&](auto th) {
       constexpr int TH = decltype(th)::value;
       const PlaneArgs g = MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], TH);
       const unsigned blocks = static_cast<unsigned>(CeilDiv(g.warps, kWarps));

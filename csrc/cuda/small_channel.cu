@@ -1154,7 +1154,7 @@ cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy
 
 int64_t SmallChannelWgradChunks(const ConvParams& p, DT in) {
   if (WElements(p) <= 0) return 0;
-  if (PlaneStencilApplies(p, in)) return PlaneWgradBlocks(p, in);
+  if (PlaneStencilApplies(p, in)) return PlaneWgradBlocks(p);
   TwArgs t{};
   int cbw = 0, kbw = 0;
   if (TiledWgradPlan(p, in, &t, &cbw, &kbw)) return t.tiles;
