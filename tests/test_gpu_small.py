@@ -6,7 +6,9 @@ the tiles, odd and prime sizes, symmetric, asymmetric and negative pads, VALID, 
 general: stride and dilation there), fused bias + activation, f32 outputs of half inputs, every dtype, and
 the data / filter gradients (dgrad with stride 1 takes the same stencil with a flipped filter). Cases the
 stencil does not take (fewer than 8 output rows or columns, H-dilation 3, stride 2, k > 16) check the gather
-kernel, including its 64-channel bucket split over 4 threads (k = 20, 33, 64).
+kernel, including its 64-channel bucket split over 4 threads (k = 20, 33, 64). The one-output-channel kernels
+of plane_stencil.cu come first: c == k == 1 with W % 8 == 0 and "same" column padding (register stencil, all
+three ops) and the c -> 1 3x3 forward (also reached from the direct family for c > 16).
 Skipped cleanly without CUDA."""
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ CASES = {
     "plane_8_cols": ((1, 9, 8, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
     "plane_one_row": ((1, 1, 64, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
     "plane_517x2048_dil2": ((1, 517, 2048, 1), (3, 3), "SAME", (2, 2), (1, 1), 1),
+    # c -> 1 3x3 forward (plane_stencil.cu's reduce kernel: c / (8 or 16 bytes of channels) lanes per pixel)
+    "2to1_dil_w2": ((1, 33, 41, 2), (3, 3), ((1, 1), (0, 2)), (1, 2), (1, 1), 1),
+    "8to1_valid_b3": ((3, 20, 37, 8), (3, 3), "VALID", (2, 3), (1, 1), 1),
+    "16to1_neg_pad": ((2, 23, 30, 16), (3, 3), ((-1, 3), (2, 0)), (1, 1), (1, 1), 1),
     # gather fallback (the stencil needs >= 8 output rows, H-dilation 1/2/4/8, unit stride)
     "fallback_1x1": ((1, 1, 1, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
     "fallback_1x4099": ((1, 1, 4099, 1), (1, 3), "SAME", (1, 1), (1, 1), 1),
@@ -82,7 +88,8 @@ CASES = {
     "3d_1to1": ((2, 5, 19, 37, 1), (3, 3, 3), ((1, 1), (1, 1), (2, 2)), (2, 1, 2), (2, 1, 1), 1),
     "3d_4to4": ((1, 4, 17, 33, 4), (2, 3, 3), ((0, 1), (1, 1), (1, 1)), (1, 2, 1), (1, 1, 1), 4),
 }
-QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "plane_3x3_b3", "plane_dil8_rowdil3_asym", "plane_5x5_b2", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2", "3to2_dil2_valid_b2",
+QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "plane_3x3_b3", "plane_dil8_rowdil3_asym", "plane_5x5_b2",
+                     "8to1_valid_b3", "16to1_neg_pad", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2", "3to2_dil2_valid_b2",
                      "3d_1to1", "fallback_5x7", "3to64_7x7_s2"]
 
 
@@ -124,7 +131,7 @@ def test_small_dtypes(name, dtype, rng):
 
 
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
-@pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "plane_3x3_b3", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
+@pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "plane_3x3_b3", "8to1_valid_b3", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
                                   "3d_1to1", "2to20_partial_chunks"])
 def test_small_bias_activation(name, act, rng):
   shape, win, padding, dil, stride, k = CASES[name]
@@ -157,6 +164,26 @@ def test_small_half_inputs_f32_output(name, dtype, rng):
 
 
 @pytest.mark.parametrize("width", [257, 256])  # 256: the register stencil (its filter gradient reduces per block)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("c,shape,padding,dil", [
+    (32, (2, 19, 45, 32), "SAME", (2, 2)),
+    (64, (1, 40, 33, 64), ((2, -1), (3, 1)), (1, 3)),
+    (128, (1, 9, 70, 128), "VALID", (1, 1)),
+    (256, (1, 11, 13, 256), "SAME", (4, 1)),  # bf16: 32 lanes per pixel; f32 (64 would be needed): direct kernel
+])
+def test_c_to_1_beyond_small_channel(c, shape, padding, dil, dtype, rng):
+  """c -> 1 with c > 16 (outside the small-channel family): the direct family's forward takes the reduce
+  stencil, with fused bias + relu; the gradients stay on the direct kernels."""
+  conv = functools.partial(jaxconv.conv2d, padding=padding, dilation=dil, activation="relu", precision="highest")
+  with cu.gpu_context(dtype):
+    x = cu.to_gpu(cu.randn(rng, shape, dtype))
+    w = cu.to_gpu(cu.randn(rng, (3, 3, c, 1), dtype))
+    b = cu.to_gpu(cu.randn(rng, (1,), dtype))
+    y = np.asarray(jax.jit(conv)(x, w, b))
+  ref = cu.ref_conv(np.asarray(x), np.asarray(w), **cu.channels_last_lax_kw(2, (1, 1), padding, dil))
+  cu.assert_close(y, np.maximum(ref + cu.f64(np.asarray(b)), 0), cu.tolerance(dtype), f"c={c} {dtype}")
+
+
 def test_small_auto_matches_forced_and_is_deterministic(width, rng):
   x = cu.to_gpu(cu.randn(rng, (2, 131, width, 1), np.float32))
   w = cu.to_gpu(cu.randn(rng, (3, 3, 1, 1), np.float32))

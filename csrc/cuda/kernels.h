@@ -89,6 +89,12 @@ int64_t PlaneWgradBlocks(const ConvParams& p);
 cudaError_t PlaneStencilWgrad(const ConvParams& p, DT in, const void* x, const void* dy, float* partials,
                               cudaStream_t s, bool* launched);
 
+// c -> 1 forward (k == 1, 2 <= c, channels-last, 3x3, unit stride, c / (one 8- or 16-byte vector) a power of two
+// <= 32), the same file; *launched as above.
+bool ReduceStencilApplies(const ConvParams& p, DT in);
+cudaError_t ReduceStencilFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+                             void* y, cudaStream_t s, bool* launched);
+
 // Compute capability (major * 10 + minor) of the current device, 0 if unknown (implicit_gemm.cu).
 int DeviceArch();
 

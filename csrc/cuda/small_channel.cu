@@ -1109,6 +1109,9 @@ cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, c
   if (const cudaError_t e = PlaneStencilFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
     return e;
   }
+  if (const cudaError_t e = ReduceStencilFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
   if (const cudaError_t e = RunStencil(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
   const cudaError_t e = RunGather(g, in, out, x, w, bias, y, s, &launched);
   if (e != cudaSuccess || launched) return e;
