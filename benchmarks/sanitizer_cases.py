@@ -26,6 +26,8 @@ CASES = [
     ("depthwise 2d strided", 2, (1, 16, 15, 6), (7, 7), 6, 6, (2, 2), (1, 1), "SAME", "depthwise"),
     ("depthwise cl 1d causal", 1, (2, 203, 16), (4,), 16, 16, (1,), (1,), ((3, 0),), "depthwise"),
     ("depthwise cl 2d", 2, (2, 19, 23, 24), (3, 3), 24, 24, (1, 1), (1, 1), "SAME", "depthwise"),
+    ("depthwise reg 5x5 s2", 2, (2, 13, 12, 12), (5, 5), 12, 12, (2, 2), (1, 1), ((2, 1), (0, 2)), "depthwise"),
+    ("depthwise reg 3x3 c144", 2, (1, 9, 10, 144), (3, 3), 144, 144, (1, 1), (1, 1), "SAME", "depthwise"),
     ("depthwise cl 2d strided", 2, (1, 21, 18, 16), (3, 3), 16, 16, (2, 2), (1, 1), "SAME", "depthwise"),
     ("long 1d", 1, (2, 3001, 1), (257,), 1, 1, (1,), (1,), "SAME", "long1d"),
     ("long 1d two chunks", 1, (1, 20011, 2), (1500,), 1, 1, (1,), (1,), "SAME", "long1d"),

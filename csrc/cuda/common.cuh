@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "conv_params.h"
 #include "cuda/kernels.h"
@@ -29,6 +30,63 @@ template <> __device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(floa
 template <> __device__ __forceinline__ __half FromAcc<__half>(float v) { return __float2half_rn(v); }
 template <class TO> __device__ __forceinline__ TO FromAcc(double v);
 template <> __device__ __forceinline__ double FromAcc<double>(double v) { return v; }
+
+// Element i of N T's packed little-endian in 32-bit words, converted to Acc (bit operations: no local copies).
+template <class T, class Acc, int N> __device__ __forceinline__ void UnpackWords(const unsigned* wd, Acc (&o)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if constexpr (std::is_same<T, float>::value) {
+      o[i] = __uint_as_float(wd[i]);
+    } else if constexpr (std::is_same<T, double>::value) {
+      o[i] = __hiloint2double(static_cast<int>(wd[2 * i + 1]), static_cast<int>(wd[2 * i]));
+    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      o[i] = __uint_as_float(i % 2 == 0 ? wd[i / 2] << 16 : wd[i / 2] & 0xffff0000u);
+    } else {
+      static_assert(std::is_same<T, __half>::value, "dtype");
+      const unsigned bits = i % 2 == 0 ? wd[i / 2] & 0xffffu : wd[i / 2] >> 16;
+      o[i] = __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    }
+  }
+}
+
+// Loads N consecutive T (8 or 16 bytes, aligned) through the read-only path and converts them to Acc.
+template <class T, class Acc, int N> __device__ __forceinline__ void LdGlobalAcc(const T* p, Acc (&o)[N]) {
+  static_assert(N * sizeof(T) == 16 || N * sizeof(T) == 8, "vector size");
+  if constexpr (N * sizeof(T) == 16) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+    const unsigned wd[4] = {u.x, u.y, u.z, u.w};
+    UnpackWords<T, Acc, N>(wd, o);
+  } else {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+    const unsigned wd[2] = {u.x, u.y};
+    UnpackWords<T, Acc, N>(wd, o);
+  }
+}
+
+template <class TO> __device__ __forceinline__ unsigned short Bits16(float v) {
+  if constexpr (std::is_same<TO, __nv_bfloat16>::value) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  else return __half_as_ushort(__float2half_rn(v));
+}
+
+// Stores N TO converted from Acc (8 or 16 bytes, aligned) to global memory.
+template <class TO, class Acc, int N> __device__ __forceinline__ void StGlobal(TO* p, const Acc (&v)[N]) {
+  static_assert(N * sizeof(TO) == 16 || N * sizeof(TO) == 8, "vector size");
+  constexpr int NW = N * sizeof(TO) / 4;
+  unsigned wd[NW];
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    if constexpr (std::is_same<TO, float>::value) {
+      wd[i] = __float_as_uint(v[i]);
+    } else if constexpr (std::is_same<TO, double>::value) {
+      const double d = v[i / 2];
+      wd[i] = static_cast<unsigned>(i % 2 == 0 ? __double2loint(d) : __double2hiint(d));
+    } else {
+      wd[i] = static_cast<unsigned>(Bits16<TO>(v[2 * i])) | (static_cast<unsigned>(Bits16<TO>(v[2 * i + 1])) << 16);
+    }
+  }
+  if constexpr (NW == 4) *reinterpret_cast<uint4*>(p) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+  else *reinterpret_cast<uint2*>(p) = make_uint2(wd[0], wd[1]);
+}
 
 // a / b for a >= 0, b > 0 without the 64-bit division subroutine call (whose ABI register saves show up as a
 // stack frame): a 32-bit division when both fit, else an inline shift-subtract loop (rare: huge tensors).

@@ -205,38 +205,6 @@ struct DvArgs {
   FastDiv fd_vpp, fd_e1, fd_e2, fd_k1, fd_k2;  // copies per pixel / tap (ct / copy width), e1, e2, taps[1..2]
 };
 
-// Element i of N T's packed little-endian in 32-bit words, converted to Acc (bit operations: no local copies).
-template <class T, class Acc, int N> __device__ __forceinline__ void UnpackWords(const unsigned* wd, Acc (&o)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    if constexpr (std::is_same<T, float>::value) {
-      o[i] = __uint_as_float(wd[i]);
-    } else if constexpr (std::is_same<T, double>::value) {
-      o[i] = __hiloint2double(static_cast<int>(wd[2 * i + 1]), static_cast<int>(wd[2 * i]));
-    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-      o[i] = __uint_as_float(i % 2 == 0 ? wd[i / 2] << 16 : wd[i / 2] & 0xffff0000u);
-    } else {
-      static_assert(std::is_same<T, __half>::value, "dtype");
-      const unsigned bits = i % 2 == 0 ? wd[i / 2] & 0xffffu : wd[i / 2] >> 16;
-      o[i] = __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-    }
-  }
-}
-
-// Loads N consecutive T (8 or 16 bytes, aligned) through the read-only path and converts them to Acc.
-template <class T, class Acc, int N> __device__ __forceinline__ void LdGlobalAcc(const T* p, Acc (&o)[N]) {
-  static_assert(N * sizeof(T) == 16 || N * sizeof(T) == 8, "vector size");
-  if constexpr (N * sizeof(T) == 16) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-    const unsigned wd[4] = {u.x, u.y, u.z, u.w};
-    UnpackWords<T, Acc, N>(wd, o);
-  } else {
-    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
-    const unsigned wd[2] = {u.x, u.y};
-    UnpackWords<T, Acc, N>(wd, o);
-  }
-}
-
 // Loads N consecutive T from shared memory (8 or 16 bytes) and converts them to Acc.
 template <class T, class Acc, int N> __device__ __forceinline__ void LdSharedAcc(const T* p, Acc (&o)[N]) {
   static_assert(N * sizeof(T) == 16 || N * sizeof(T) == 8, "vector size");
@@ -249,31 +217,6 @@ template <class T, class Acc, int N> __device__ __forceinline__ void LdSharedAcc
     const unsigned wd[2] = {u.x, u.y};
     UnpackWords<T, Acc, N>(wd, o);
   }
-}
-
-template <class TO> __device__ __forceinline__ unsigned short Bits16(float v) {
-  if constexpr (std::is_same<TO, __nv_bfloat16>::value) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  else return __half_as_ushort(__float2half_rn(v));
-}
-
-// Stores N TO converted from Acc (8 or 16 bytes, aligned) to global memory.
-template <class TO, class Acc, int N> __device__ __forceinline__ void StGlobal(TO* p, const Acc (&v)[N]) {
-  static_assert(N * sizeof(TO) == 16 || N * sizeof(TO) == 8, "vector size");
-  constexpr int NW = N * sizeof(TO) / 4;
-  unsigned wd[NW];
-#pragma unroll
-  for (int i = 0; i < NW; ++i) {
-    if constexpr (std::is_same<TO, float>::value) {
-      wd[i] = __float_as_uint(v[i]);
-    } else if constexpr (std::is_same<TO, double>::value) {
-      const double d = v[i / 2];
-      wd[i] = static_cast<unsigned>(i % 2 == 0 ? __double2loint(d) : __double2hiint(d));
-    } else {
-      wd[i] = static_cast<unsigned>(Bits16<TO>(v[2 * i])) | (static_cast<unsigned>(Bits16<TO>(v[2 * i + 1])) << 16);
-    }
-  }
-  if constexpr (NW == 4) *reinterpret_cast<uint4*>(p) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
-  else *reinterpret_cast<uint2*>(p) = make_uint2(wd[0], wd[1]);
 }
 
 // Copies BYTES (8 or 16) global -> shared, or zero-fills them when !ok (no global read then; gsrc still valid).
@@ -1099,6 +1042,10 @@ cudaError_t TryDwVecWgrad(const ConvParams& p, DT in, const void* x, const void*
 
 cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
                          cudaStream_t s) {
+  bool launched = false;
+  if (const cudaError_t e = DepthwiseRegFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
   const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
   DwArgs g{};
   g.n = p.n[0];
@@ -1128,6 +1075,10 @@ cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, cons
 
 cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                            cudaStream_t s) {
+  bool launched = false;
+  if (const cudaError_t e = DepthwiseRegDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
   const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
   DwArgs g{};
   g.n = p.n[0];

@@ -43,60 +43,33 @@ struct PlaneArgs {
   int act, has_bias;
 };
 
-// 8 consecutive values of T as float from a 16-byte aligned address (two 16-byte loads for f32).
-template <class T> struct Raw { uint4 v[sizeof(T) * kVec / 16]; };
+// 8 consecutive values of T (16 bytes, 32 for f32) as raw 32-bit words, loaded now, converted when used.
+template <class T> struct Raw { unsigned w[sizeof(T) * kVec / 4]; };
 
 template <class T>
 __device__ __forceinline__ Raw<T> LoadRaw(const T* p, bool valid) {
   Raw<T> r;
 #pragma unroll
-  for (int i = 0; i < int(sizeof(r.v) / 16); ++i)
-    r.v[i] = valid ? __ldg(reinterpret_cast<const uint4*>(p) + i) : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < int(sizeof(r.w) / 16); ++i) {
+    const uint4 v = valid ? __ldg(reinterpret_cast<const uint4*>(p) + i) : make_uint4(0, 0, 0, 0);
+    r.w[4 * i] = v.x, r.w[4 * i + 1] = v.y, r.w[4 * i + 2] = v.z, r.w[4 * i + 3] = v.w;
+  }
   return r;
 }
 
-__device__ __forceinline__ void Unpack(const Raw<float>& r, float* o) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    o[4 * i + 0] = __uint_as_float(r.v[i].x);
-    o[4 * i + 1] = __uint_as_float(r.v[i].y);
-    o[4 * i + 2] = __uint_as_float(r.v[i].z);
-    o[4 * i + 3] = __uint_as_float(r.v[i].w);
-  }
-}
-__device__ __forceinline__ void Unpack(const Raw<__nv_bfloat16>& r, float* o) {
-  const unsigned u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    o[2 * i] = __uint_as_float(u[i] << 16);
-    o[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-  }
-}
-__device__ __forceinline__ void Unpack(const Raw<__half>& r, float* o) {
-  const unsigned u[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
-    o[2 * i] = f.x;
-    o[2 * i + 1] = f.y;
-  }
+template <class T>
+__device__ __forceinline__ void Unpack(const Raw<T>& r, float (&o)[kVec]) {
+  UnpackWords<T, float, kVec>(r.w, o);
 }
 
+// 8 values as TO: one 16-byte store, two for f32.
 template <class TO>
-__device__ __forceinline__ void Store8(TO* p, const float* v) {
+__device__ __forceinline__ void Store8(TO* p, const float (&v)[kVec]) {
   if constexpr (sizeof(TO) == 4) {
-    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    StGlobal<TO, float, 4>(p, *reinterpret_cast<const float(*)[4]>(v));
+    StGlobal<TO, float, 4>(p + 4, *reinterpret_cast<const float(*)[4]>(v + 4));
   } else {
-    uint4 u;
-    unsigned* w = &u.x;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const TO lo = FromAcc<TO>(v[2 * i]), hi = FromAcc<TO>(v[2 * i + 1]);
-      w[i] = static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(&lo)) |
-             (static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(&hi)) << 16);
-    }
-    *reinterpret_cast<uint4*>(p) = u;
+    StGlobal<TO, float, kVec>(p, v);
   }
 }
 
@@ -364,33 +337,6 @@ struct ReduceArgs {
   int act, has_bias;
 };
 
-// VC consecutive values of T as float (VC * sizeof(T) = 8 or 16 bytes, aligned), zeros when !valid.
-template <class T, int VC>
-__device__ __forceinline__ void LoadVc(const T* p, bool valid, float* o) {
-  constexpr int kWords = VC * int(sizeof(T)) / 4;
-  unsigned u[kWords];
-  if constexpr (kWords == 4) {
-    const uint4 v = valid ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
-    u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
-  } else {
-    const uint2 v = valid ? __ldg(reinterpret_cast<const uint2*>(p)) : make_uint2(0, 0);
-    u[0] = v.x, u[1] = v.y;
-  }
-  if constexpr (sizeof(T) == 4) {
-#pragma unroll
-    for (int i = 0; i < VC; ++i) o[i] = __uint_as_float(u[i]);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-#pragma unroll
-    for (int i = 0; i < VC / 2; ++i) o[2 * i] = __uint_as_float(u[i] << 16), o[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-  } else {
-#pragma unroll
-    for (int i = 0; i < VC / 2; ++i) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
-      o[2 * i] = f.x, o[2 * i + 1] = f.y;
-    }
-  }
-}
-
 template <class T, class TO, int VC, int G, int K, int TH>
 __global__ void __launch_bounds__(kWarps * 32) ReduceFwdKernel(const ReduceArgs g, const T* __restrict__ x,
                                                                const T* __restrict__ w, const TO* __restrict__ bias,
@@ -427,7 +373,12 @@ __global__ void __launch_bounds__(kWarps * 32) ReduceFwdKernel(const ReduceArgs 
     for (int s = 0; s < K; ++s) {
       const int xs = xd - g.pw + s * g.dw;
       float v[VC];
-      LoadVc<T, VC>(xn + (static_cast<int64_t>(ys) * g.src_cols + xs) * C, row_ok && xs >= 0 && xs < g.src_cols, v);
+      if (row_ok && xs >= 0 && xs < g.src_cols) {
+        LdGlobalAcc<T, float, VC>(xn + (static_cast<int64_t>(ys) * g.src_cols + xs) * C, v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VC; ++i) v[i] = 0.f;
+      }
 #pragma unroll
       for (int r = 0; r < K; ++r) {
         const int j = m - r;
