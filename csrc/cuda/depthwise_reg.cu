@@ -14,6 +14,8 @@
 //   dgrad: dx[y, x, c] = sum_{r,s} w[K-1-r, K-1-s, c] * dy[y - (K-1-ph) + r, x - (K-1-pw) + s, c]   (S == 1)
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -33,11 +35,11 @@ struct DwRegArgs {
   int act, has_bias;
 };
 
-template <class T, class TO, int K, int S, int TH, bool FLIP>
+template <class T, class TO, int VC, int K, int S, int TH, bool FLIP>
 __global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const T* __restrict__ src,
                                                         const T* __restrict__ w, const TO* __restrict__ bias,
                                                         TO* __restrict__ dst) {
-  constexpr int VC = kVc, M = (TH - 1) * S + K;
+  constexpr int M = (TH - 1) * S + K;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= g.threads) return;
   int64_t q = t;
@@ -98,7 +100,12 @@ __global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const
 #pragma unroll
     for (int i = 0; i < VC; ++i) v[i] = Activate(acc[j][i] + b[i], g.act);
     TO* out = dn + (static_cast<int64_t>(yd) * g.dst_cols + xd) * g.c;
-    StGlobal<TO, float, VC>(out, v);
+    if constexpr (VC * sizeof(TO) == 32) {  // 8 channels as f32: two 16-byte stores
+      StGlobal<TO, float, 4>(out, *reinterpret_cast<const float(*)[4]>(v));
+      StGlobal<TO, float, 4>(out + 4, *reinterpret_cast<const float(*)[4]>(v + 4));
+    } else {
+      StGlobal<TO, float, VC>(out, v);
+    }
   }
 }
 
@@ -131,17 +138,25 @@ template <class T, class TO, bool FLIP>
 cudaError_t Launch(const ConvParams& p, int64_t src_rows, int64_t src_cols, int64_t dst_rows, int64_t dst_cols,
                    int64_t ph, int64_t pw, const void* src, const void* w, const void* bias, void* dst,
                    cudaStream_t s) {
-  constexpr int VC = kVc;
-  const int th = RowsPerThread(p, dst_rows, dst_cols, VC);
+  // 16-bit data with c % 8 == 0: 8 channels (16 bytes) per thread at 2 rows; else 4 channels.
+  const char* ex = std::getenv("JAXCONV_DW_EXPERIMENT");
+  const bool wide = sizeof(T) == 2 && p.c[0] % 8 == 0 && !(ex && std::string(ex) == "vc4");
+  const int th = wide ? 2 : RowsPerThread(p, dst_rows, dst_cols, kVc);
   const int64_t stride = p.stride[1];
-  auto go = [&](auto kc, auto sc, auto thc) {
+  auto go = [&](auto kc, auto sc, auto thc, auto vcc) {
     constexpr int K = decltype(kc)::value, S = decltype(sc)::value, TH = decltype(thc)::value;
+    constexpr int VC = decltype(vcc)::value;
     const DwRegArgs a = MakeArgs(p, src_rows, src_cols, dst_rows, dst_cols, ph, pw, VC, TH);
-    DwRegKernel<T, TO, K, S, TH, FLIP><<<static_cast<unsigned>(CeilDiv(a.threads, kThreads)), kThreads, 0, s>>>(
+    DwRegKernel<T, TO, VC, K, S, TH, FLIP><<<static_cast<unsigned>(CeilDiv(a.threads, kThreads)), kThreads, 0, s>>>(
         a, static_cast<const T*>(src), static_cast<const T*>(w), static_cast<const TO*>(bias), static_cast<TO*>(dst));
     return cudaGetLastError();
   };
-  auto with_th = [&](auto kc, auto sc) { return th == 2 ? go(kc, sc, IntC<2>{}) : go(kc, sc, IntC<4>{}); };
+  auto with_th = [&](auto kc, auto sc) {
+    if constexpr (sizeof(T) == 2) {
+      if (wide) return go(kc, sc, IntC<2>{}, IntC<8>{});
+    }
+    return th == 2 ? go(kc, sc, IntC<2>{}, IntC<kVc>{}) : go(kc, sc, IntC<4>{}, IntC<kVc>{});
+  };
   auto with_s = [&](auto kc) {
     if constexpr (FLIP) return with_th(kc, IntC<1>{});  // the data gradient: stride 1 only
     else return stride == 1 ? with_th(kc, IntC<1>{}) : with_th(kc, IntC<2>{});
@@ -190,6 +205,7 @@ bool DepthwiseRegApplies(const ConvParams& p, CudaOp op, DT in) {
 cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched) {
   *launched = false;
+  if (const char* ex = std::getenv("JAXCONV_DW_EXPERIMENT"); ex && std::string(ex) == "off") return cudaSuccess;
   if (!DepthwiseRegApplies(p, CudaOp::kFwd, in) || !Aligned(x, in) || !Aligned(w, in) || !Aligned(y, in)) return cudaSuccess;
   *launched = true;
   return WithTypes(in, out, [&](auto t, auto to) {
