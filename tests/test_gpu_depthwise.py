@@ -1,5 +1,5 @@
 """GPU checks of the channels-last depthwise kernels (csrc/cuda/depthwise_reg.cu, depthwise.cu), forced with
-algorithm="depthwise": the register-stencil fwd / stride-1 dgrad (2-D, 3x3/5x5/7x7, C % 4 == 0), the
+algorithm="depthwise": the f32 register-stencil fwd / stride-1 dgrad (2-D 3x3, C % 4 == 0), the
 vectorised fwd/dgrad tile kernel and the vectorised wgrad at their edges (channel
 tiles, C equal to one 16-byte vector, odd/prime sizes, stride 2, asymmetric and causal pads, H dilation, 1-D,
 2-D and 3-D, 31x31 on 28x28, fused bias + activation, all dtypes) and the older kernels they fall back to (C not
@@ -41,8 +41,8 @@ CASES = {
     "3x3_c6": ((2, 11, 13, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     # mixed strides, 5x5 (stride 1 along H, 2 along W), prime sizes
     "5x5_s12": ((1, 29, 31, 40), (5, 5), (1, 2), ((2, 2), (2, 2)), (1, 1)),
-    # register-stencil kernel (depthwise_reg.cu: 2-D, K in {3, 5, 7}, stride 1/2, 4-channel vectors): MobileNet-
-    # like C = 144, K = 5 and 7 with stride 2 and asymmetric pads, pad_lo = K - 1, one-row images, C = 4
+    # f32 3x3 register stencil (depthwise_reg.cu: stride 1/2, 4-channel vectors): MobileNet-like C = 144,
+    # pad_lo = K - 1, one-row images; 5x5 / 7x7 with stride 2, asymmetric pads and C = 4 / 12 (staged kernels)
     "3x3_c144_mobilenet": ((2, 28, 28, 144), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "5x5_s2_c12": ((2, 21, 18, 12), (5, 5), (2, 2), ((2, 1), (0, 2)), (1, 1)),
     "7x7_s2_c4_b3": ((3, 16, 15, 4), (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1)),

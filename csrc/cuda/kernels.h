@@ -56,9 +56,8 @@ int64_t DepthwiseWgradSplits(const ConvParams& p, DT in);
 cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
                            int64_t splits, cudaStream_t s);
 
-// depthwise_reg.cu: the register-stencil forward and stride-1 data gradient (channels-last 2-D, K x K window with
-// K in {3, 5, 7}, stride 1 or 2, no dilation, c a multiple of 4); DepthwiseFwd / DepthwiseDgrad
-// try it first. *launched false: not taken.
+// depthwise_reg.cu: the f32 3x3 register-stencil forward (stride 1 or 2) and stride-1 data gradient (channels-last
+// 2-D, no dilation, c a multiple of 4); DepthwiseFwd / DepthwiseDgrad try it first. *launched false: not taken.
 bool DepthwiseRegApplies(const ConvParams& p, CudaOp op, DT in);
 cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched);
