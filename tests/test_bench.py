@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from jaxconv.bench import cases, merge, stats
+from jaxconv.bench import cases, device, merge, stats
 
 
 def test_quick_benchmark_runs_and_writes_its_reports(tmp_path):
@@ -26,6 +26,8 @@ def test_quick_benchmark_runs_and_writes_its_reports(tmp_path):
       assert t is not None and t > 0, (r["case"]["name"], impl, r["impls"][impl])
     # Both sides computed the same convolution on the same inputs.
     assert r["rel_err"] < 2e-2, (r["case"]["name"], r["dtype"], r["rel_err"])
+  # The recorded command names no directory outside the working one (here: the --out temp dir).
+  assert not any(a.startswith("/") for a in res["meta"]["argv"]), res["meta"]["argv"]
   md = (tmp_path / "results.md").read_text()
   assert "jaxconv" in md and "lax" in md
   for png in ("speedup.png", "roofline.png"):
@@ -38,8 +40,19 @@ def test_quick_benchmark_runs_and_writes_its_reports(tmp_path):
   both = json.loads((merged / "results.json").read_text())
   assert len(both["results"]) == 2 * len(res["results"])
   assert both["meta"]["git_commit"] == "abc1234" and len(both["meta"]["argv"]) == 2
+  assert [m.split("/")[-1] for m in both["meta"]["merged_from"]] == ["results.json"] * 2
+  assert not any(m.startswith("/") for m in both["meta"]["merged_from"])
   assert "abc1234" in (merged / "results.md").read_text()
   assert (merged / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_display_path_is_relative_inside_the_working_directory(tmp_path, monkeypatch):
+  (tmp_path / "sub").mkdir()
+  monkeypatch.chdir(tmp_path)
+  assert device.display_path(str(tmp_path / "sub" / "r.json")) == "sub/r.json"
+  assert device.display_path("sub/r.json") == "sub/r.json"
+  assert device.display_path(str(tmp_path.parent / "elsewhere" / "r.json")) == "r.json"
+  assert device.display_path(None) is None
 
 
 def test_slope_fit_recovers_a_known_device_time():

@@ -119,7 +119,17 @@ def _git(args, cwd):
         return ""
 
 
+def display_path(path):
+    """`path` as reports record it: relative to the working directory when inside it, else its file name, so
+    results files name no machine's directories."""
+    if not path:
+        return path
+    rel = os.path.relpath(os.path.abspath(path))
+    return rel if not rel.startswith("..") else os.path.basename(path)
+
+
 def run_metadata(argv) -> dict:
+    """The run's environment; `argv`'s paths as display_path gives them (argv[0]: the program)."""
     import jax
     import jaxlib
     dev = jax.devices()[0]
@@ -137,7 +147,8 @@ def run_metadata(argv) -> dict:
         jaxlib=getattr(jaxlib, "__version__", "?"), numpy=np.__version__,
         backend=jax.default_backend(), platform=dev.platform,
         device=str(dev), device_kind=getattr(dev, "device_kind", "?"), device_count=jax.device_count(),
-        git_commit=commit or None, git_dirty=dirty, argv=list(argv),
+        git_commit=commit or None, git_dirty=dirty,
+        argv=[display_path(a) if os.path.isabs(a) else a for a in argv],
         cpu_count=os.cpu_count(),
     )
     try:

@@ -10,6 +10,7 @@ import json
 import os
 
 from . import cases as _cases
+from . import device
 from . import report
 
 
@@ -30,7 +31,7 @@ def merge(paths, out_dir, plots=True, commit=None):
         raise ValueError(f"results from different devices cannot be merged: {sorted(map(str, kinds))}")
     meta = dict(metas[0])
     meta["argv"] = [m.get("argv") for m in metas]
-    meta["merged_from"] = [os.path.abspath(p) for p in paths]
+    meta["merged_from"] = [device.display_path(p) for p in paths]
     meta["elapsed_s"] = sum(m.get("elapsed_s") or 0 for m in metas)
     if commit:  # the commit the caller ran, where the device's metadata could not know it
         meta["git_commit"], meta["git_dirty"] = commit, None
