@@ -53,7 +53,8 @@ CASES = {
 }
 
 ALL_DTYPES = ("float32", "bfloat16", "float16", "float64")
-FULL = ("3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c8", "7x7_c144", "3x3_c6", "3x3_c144_mobilenet", "5x5_s2_c12")
+FULL = ("3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c8", "7x7_c144", "3x3_c6", "3x3_c144_mobilenet",
+        "5x5_s2_c12")
 
 
 def _params():

@@ -458,7 +458,9 @@ bool PlaneStencilApplies(const ConvParams& p, DT in) {
   for (int d = 0; d < 3; ++d)
     if (p.stride[d] != 1 || p.lhs_dil[d] != 1) return false;
   const int64_t k = p.win[2], dw = p.rhs_dil[2], half = (k - 1) / 2 * dw;
-  if (p.win[1] != k || (k != 3 && k != 5) || (dw != 1 && dw != 2 && dw != 4 && dw != 8) || half > kMaxHalo) return false;
+  if (p.win[1] != k || (k != 3 && k != 5) || (dw != 1 && dw != 2 && dw != 4 && dw != 8) || half > kMaxHalo) {
+    return false;
+  }
   if (p.pad_lo[2] != half || p.pad_hi[2] != half || p.out[2] != p.in[2] || p.in[2] < kVec || p.in[2] % kVec != 0) {
     return false;  // (a zero width would launch an empty grid)
   }

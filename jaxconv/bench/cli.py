@@ -122,8 +122,8 @@ def run(argv=None):
     if "jaxconv" in impls and isinstance(meta.get("jaxconv_build_info"), str):
         raise SystemExit(f"jaxconv is not usable ({meta['jaxconv_build_info']}); use --impls lax to test the harness")
     peaks = _device.peaks_for(meta["platform"], meta["device_kind"], quick)
-    meta.update(peaks=peaks, suite=_device.display_path(suite_path), quick=quick, Ts=list(Ts), repeats=repeats, budget_s=budget,
-                profile=profile, impls=list(impls) + (["torch"] if args.torch else []),
+    meta.update(peaks=peaks, suite=_device.display_path(suite_path), quick=quick, Ts=list(Ts), repeats=repeats,
+                budget_s=budget, profile=profile, impls=list(impls) + (["torch"] if args.torch else []),
                 jaxconv_tensor_cores=args.jaxconv_tensor_cores, method=_report.METHOD)
     mem_budget = _device.memory_budget_bytes(meta["platform"])
     _log(f"[jaxconv.bench] {meta['device_kind']} ({meta['platform']}), jax {meta['jax']}; {peaks['notes']}")
