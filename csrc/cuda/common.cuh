@@ -170,6 +170,10 @@ inline Strides5 WStrides(const ConvParams& p) {
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// 16-byte vector and TMA accesses need 16-byte aligned bases (XLA's buffers are; the kernels check anyway).
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+// A compile-time int as a value: dispatch lambdas take it and read decltype(v)::value.
+template <int V> using IntC = std::integral_constant<int, V>;
 inline unsigned GridX(int64_t tiles) {  // grid-stride loops cover the rest
   const int64_t cap = 1 << 30;
   return static_cast<unsigned>(tiles < 1 ? 1 : (tiles > cap ? cap : tiles));

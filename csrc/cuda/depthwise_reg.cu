@@ -101,8 +101,6 @@ __global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const
   }
 }
 
-template <int V> using IntC = std::integral_constant<int, V>;
-
 DwRegArgs MakeArgs(const ConvParams& p, int64_t src_rows, int64_t src_cols, int64_t dst_rows, int64_t dst_cols,
                    int64_t ph, int64_t pw, int vc, int th) {
   DwRegArgs a{};
@@ -143,8 +141,6 @@ cudaError_t Launch(const ConvParams& p, int64_t src_rows, int64_t src_cols, int6
   if constexpr (FLIP) return with_th(IntC<1>{});  // the data gradient: stride 1 only
   else return stride == 1 ? with_th(IntC<1>{}) : with_th(IntC<2>{});
 }
-
-bool Aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
 
 }  // namespace
 

@@ -122,8 +122,6 @@ size_t WgradPartialBytes(const Dims& g) {
   return AlignUp(static_cast<size_t>(PlanWgrad(g).slices() * g.c * g.k) * sizeof(float));
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 // Whether the op's GEMM N (fwd and wgrad k, dgrad c) takes the kNarrowTileN-wide tiles.
 bool NarrowN(const Dims& g, CudaOp op) { return (op == CudaOp::kDgrad ? g.c : g.k) <= kNarrowTileN; }
 

@@ -678,8 +678,6 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
   return cudaGetLastError();
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 // Whether a 16-bit fprop/dgrad takes the 128 x kNarrowTileN tiles: GEMM N at most 64, or fewer 128x128 tiles than
 // an H100 has SMs (ResNet-50's res5 3x3 at batch 32: 52 tiles for 132 SMs), where half-width tiles put twice as
 // many SMs to work. kPlanSms, not the device's count: Supports must not query the device.

@@ -33,7 +33,6 @@ constexpr int kWarps = 4;                  // warps per block
 constexpr int kMaxHalo = kVec;             // (K - 1) / 2 * dw: the neighbour lane's columns at most
 
 struct PlaneArgs {
-  int64_t images;            // n
   int64_t src_img, dst_img;  // elements per image of source and destination
   int64_t warps;             // n * groups * dh * strips
   int src_rows, dst_rows;    // rows of source and destination (both have `cols` columns)
@@ -231,8 +230,6 @@ __global__ void __launch_bounds__(kWarps * 32) PlaneWgradKernel(const PlaneArgs 
   }
 }
 
-template <int V> using IntC = std::integral_constant<int, V>;
-
 // Rows per warp: 4, or 2 on small problems, whose time is one warp's chain of loads and FMAs. Measured on the
 // H100 (2026-11-22, forward, 3x3): 4096^2 bf16 34.7 us at 4 rows, 39.6 at 8, 40.5 at 2; 1024^2 bf16 3.1 us at 2,
 // 3.4 at 4, 5.4 at 8.
@@ -248,7 +245,6 @@ int KernelTaps(const ConvParams& p) { return static_cast<int>(p.win[2]); }
 // Geometry for `src_rows` source and `dst_rows` destination rows; ph as in PlaneArgs.
 PlaneArgs MakeArgs(const ConvParams& p, int64_t src_rows, int64_t dst_rows, int64_t ph, int th) {
   PlaneArgs g{};
-  g.images = p.n[0];
   g.cols = static_cast<int>(p.in[2]);
   g.src_rows = static_cast<int>(src_rows);
   g.dst_rows = static_cast<int>(dst_rows);
@@ -258,13 +254,11 @@ PlaneArgs MakeArgs(const ConvParams& p, int64_t src_rows, int64_t dst_rows, int6
   g.ph = static_cast<int>(ph);
   g.strips = static_cast<int>(CeilDiv(p.in[2], kStripCols));
   g.groups = static_cast<int>(CeilDiv(dst_rows, int64_t(th) * g.dh));
-  g.warps = g.images * g.groups * g.dh * g.strips;
+  g.warps = p.n[0] * g.groups * g.dh * g.strips;
   g.act = static_cast<int>(p.activation[0]);
   g.has_bias = static_cast<int>(p.has_bias[0]);
   return g;
 }
-
-bool Aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
 
 // Calls f(IntC<K>, IntC<DW>) for the problem's (K, dw); false for any other pair.
 template <class F>
