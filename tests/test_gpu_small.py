@@ -84,13 +84,22 @@ CASES = {
     "3to64_3x3": ((1, 32, 32, 3), (3, 3), "SAME", (1, 1), (1, 1), 64),
     "2to20_partial_chunks": ((1, 19, 23, 2), (3, 3), ((1, 0), (2, 1)), (1, 2), (1, 1), 20),
     "1to33_dil2": ((2, 21, 30, 1), (3, 3), "SAME", (2, 2), (1, 1), 33),
+    # the pixel kernel (fwd, k >= 8, k % 4 == 0, >= 16 output columns): each of its (channels, pixels) per thread
+    # plans, (16, 4), (16, 2), (8, 2), (8, 1), (4, 1), and the stem at batch 1 (few warps: the last plan)
+    "px_3to64_16x4": ((2, 140, 256, 3), (3, 3), "SAME", (1, 1), (1, 1), 64),
+    "px_2to64_16x2": ((3, 90, 100, 2), (3, 3), ((1, 1), (2, 0)), (1, 1), (1, 1), 64),
+    "px_1to24_8x2_dil2": ((4, 90, 70, 1), (3, 3), "SAME", (2, 2), (1, 1), 24),
+    "px_1to8_8x1": ((8, 132, 40, 1), (5, 5), ((2, 2), (2, 2)), (1, 1), (1, 1), 8),
+    "px_1to12_5x5_dil2": ((2, 30, 77, 1), (5, 5), "SAME", (2, 2), (1, 1), 12),
+    "px_3to64_stem_b1": ((1, 61, 67, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
     # 3-D: dim 0 is general in the stencil (stride and dilation along D)
     "3d_1to1": ((2, 5, 19, 37, 1), (3, 3, 3), ((1, 1), (1, 1), (2, 2)), (2, 1, 2), (2, 1, 1), 1),
     "3d_4to4": ((1, 4, 17, 33, 4), (2, 3, 3), ((0, 1), (1, 1), (1, 1)), (1, 2, 1), (1, 1, 1), 4),
 }
 QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "plane_3x3_b3", "plane_dil8_rowdil3_asym", "plane_5x5_b2",
                      "8to1_valid_b3", "16to1_neg_pad", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
-                     "3to2_dil2_valid_b2", "3d_1to1", "fallback_5x7", "3to64_7x7_s2"]
+                     "3to2_dil2_valid_b2", "3d_1to1", "fallback_5x7", "3to64_7x7_s2", "px_1to24_8x2_dil2",
+                     "px_3to64_stem_b1"]
 
 
 def _run_case(name, dtype, rng, grads=True):
@@ -132,7 +141,8 @@ def test_small_dtypes(name, dtype, rng):
 
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
 @pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "plane_3x3_b3", "8to1_valid_b3", "1to16_tutorial",
-                                  "4to4_tile_plus1", "16to1_dil2", "3d_1to1", "2to20_partial_chunks"])
+                                  "4to4_tile_plus1", "16to1_dil2", "3d_1to1", "2to20_partial_chunks",
+                                  "px_2to64_16x2", "px_1to12_5x5_dil2"])
 def test_small_bias_activation(name, act, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   ns = len(shape) - 2
@@ -149,7 +159,8 @@ def test_small_bias_activation(name, act, rng):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("name", ["1to1_dil2", "plane_dil2_rows_valid", "1to16_tutorial", "4to1_dil2"])
+@pytest.mark.parametrize("name", ["1to1_dil2", "plane_dil2_rows_valid", "1to16_tutorial", "4to1_dil2",
+                                  "px_3to64_16x4", "px_1to8_8x1"])
 def test_small_half_inputs_f32_output(name, dtype, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   x = cu.to_gpu(cu.randn(rng, shape, dtype))

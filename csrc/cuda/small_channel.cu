@@ -24,6 +24,7 @@
 // spatial dims, C and K of 1 or multiples of 4, non-f64 take the tiled wgrad instead (spatial tiles staged in
 // shared memory, no per-tap index arithmetic; see "tiled filter gradient").
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/common.cuh"
 
@@ -238,6 +239,159 @@ cudaError_t GatherByCo(const ScArgs& g, const void* src, const void* w, const vo
 cudaError_t RunGather(const ScArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
                       cudaStream_t s, bool* launched) {
 #define JAXCONV_BODY(T, TO) return GatherByCo<T, TO>(g, src, w, bias, dst, s, launched)
+  JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
+#undef JAXCONV_BODY
+}
+
+// ---- pixel kernel: forward with a warp-uniform filter (first layers, the tutorial's 1 -> 16) ----
+// A warp owns one channel group of KG output channels and 32 * P destination pixels of one row (n, t0, t1): lane l
+// computes pixels l + 32 j (j < P), all KG channels, in registers. Every weight vector it reads is the same for
+// the whole warp (one broadcast load through L1), the source reads of a warp are consecutive pixels, and the
+// warps of a block take the channel groups of the same pixels, so the source comes from DRAM once. No shared
+// memory and no barrier: for small grids (batch 1, 28x28 images) the staging of the gather and stencil kernels
+// is most of their time. fwd only (the filter's output channel must be its contiguous dim); k % 4 == 0.
+constexpr int kPxThreads = 128;
+
+template <class T, class TO, int KG, int P>
+__global__ void __launch_bounds__(kPxThreads) ScPixelKernel(const ScArgs g, int64_t groups, int64_t segs,
+                                                             int64_t warps, const T* __restrict__ src,
+                                                             const T* __restrict__ w, const TO* __restrict__ bias,
+                                                             TO* __restrict__ dst) {
+  using Acc = float;
+  constexpr int WV = KG * sizeof(T) >= 16 ? 16 / static_cast<int>(sizeof(T)) : KG;    // weights per vector load
+  constexpr int OV = KG * sizeof(TO) >= 16 ? 16 / static_cast<int>(sizeof(TO)) : KG;  // outputs per store
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t wstep = static_cast<int64_t>(gridDim.x) * (kPxThreads / 32);
+  for (int64_t wi = static_cast<int64_t>(blockIdx.x) * (kPxThreads / 32) + threadIdx.x / 32; wi < warps; wi += wstep) {
+    int64_t rem = wi, q;
+    q = DivNN(rem, groups);
+    const int kg = static_cast<int>(rem - q * groups);
+    rem = q;
+    q = DivNN(rem, segs);
+    const int tb = static_cast<int>(rem - q * segs) * 32 * P + lane;  // pixel j of the lane: tb + 32 j
+    rem = q;
+    q = DivNN(rem, g.tsp[1]);
+    const int t1 = static_cast<int>(rem - q * g.tsp[1]);
+    rem = q;
+    q = DivNN(rem, g.tsp[0]);
+    const int t0 = static_cast<int>(rem - q * g.tsp[0]);
+    const int64_t n = q;
+    Acc acc[P][KG];
+#pragma unroll
+    for (int j = 0; j < P; ++j)
+#pragma unroll
+      for (int k = 0; k < KG; ++k) acc[j][k] = 0.f;
+    const T* sbase = src + n * g.sN;
+    const T* wk = w + kg * KG;
+    int f = 0;
+    for (int f0 = 0; f0 < g.taps[0]; ++f0) {
+      const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], g.delta[0], g.lim[0]);
+      if (q0 < 0) { f += g.taps[1] * g.taps[2]; continue; }
+      for (int f1 = 0; f1 < g.taps[1]; ++f1) {
+        const int q1 = TapIndex(t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1], g.delta[1], g.lim[1]);
+        if (q1 < 0) { f += g.taps[2]; continue; }
+        const T* rowp = sbase + (q0 * g.sS[0] + q1 * g.sS[1]);
+        for (int f2 = 0; f2 < g.taps[2]; ++f2, ++f) {
+          const T* xp[P];
+          bool ok[P];
+#pragma unroll
+          for (int j = 0; j < P; ++j) {
+            const int t2 = tb + 32 * j;
+            const int q2 = TapIndex(t2 * g.alpha[2] + g.beta[2] + f2 * g.gamma[2], g.delta[2], g.lim[2]);
+            ok[j] = q2 >= 0 && t2 < g.tsp[2];
+            xp[j] = rowp + (ok[j] ? q2 : 0) * g.sS[2];
+          }
+          const T* wf = wk + f * g.wF;
+#pragma unroll 2
+          for (int ci = 0; ci < g.cin; ++ci) {
+            Acc wv[KG];
+#pragma unroll
+            for (int v = 0; v < KG / WV; ++v) {
+              Acc part[WV];
+              LdGlobalAcc<T, Acc, WV>(wf + ci * g.wCi + v * WV, part);
+#pragma unroll
+              for (int e = 0; e < WV; ++e) wv[v * WV + e] = part[e];
+            }
+#pragma unroll
+            for (int j = 0; j < P; ++j) {
+              const Acc xv = ok[j] ? ToAcc(xp[j][ci]) : 0.f;
+#pragma unroll
+              for (int k = 0; k < KG; ++k) acc[j][k] = fma(xv, wv[k], acc[j][k]);
+            }
+          }
+        }
+      }
+    }
+    TO* dbase = dst + n * g.dN + (t0 * g.dS[0] + t1 * g.dS[1]) + kg * KG;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int t2 = tb + 32 * j;
+      if (t2 >= g.tsp[2]) break;
+#pragma unroll
+      for (int k = 0; k < KG; ++k) {
+        Acc v = acc[j][k];
+        if (g.has_bias) v += ToAcc(bias[kg * KG + k]);
+        acc[j][k] = Activate(v, g.act);
+      }
+#pragma unroll
+      for (int v = 0; v < KG / OV; ++v) {
+        Acc part[OV];
+#pragma unroll
+        for (int e = 0; e < OV; ++e) part[e] = acc[j][v * OV + e];
+        StGlobal<TO, Acc, OV>(dbase + t2 * g.dS[2] + v * OV, part);
+      }
+    }
+  }
+}
+
+// (KG, P) per thread, most work first: the first with at least kPxWarps warps (16 per SM) is taken, else the
+// last. P is at most max(1, width / 32) so that narrow rows do not idle lanes.
+constexpr int kPxPlans[][2] = {{16, 4}, {16, 2}, {8, 2}, {8, 1}, {4, 1}};
+constexpr int64_t kPxWarps = 16 * kPlanSms;
+
+template <class T, class TO>
+cudaError_t LaunchPixel(const ScArgs& g, const void* src, const void* w, const void* bias, void* dst, cudaStream_t s,
+                        bool* launched) {
+  *launched = false;
+  if constexpr (sizeof(T) == 8) {  // f32 accumulation only: f64 stays on the gather kernel
+    return cudaSuccess;
+  } else {
+  if (g.cout < 8 || g.cout % 4 != 0 || g.wCo != 1 || g.sS[2] != g.cin || g.dS[2] != g.cout) return cudaSuccess;
+  if (!Aligned16(w) || !Aligned16(dst)) return cudaSuccess;
+  if (g.tsp[2] < 16) return cudaSuccess;
+  if (const char* e = std::getenv("JAXCONV_AB_PIXEL"); e != nullptr && e[0] == '0') return cudaSuccess;  // A/B, temporary
+  const int64_t rows = g.n * g.tsp[0] * g.tsp[1];
+  const int pmax = std::max(1, g.tsp[2] / 32);
+  int plan = -1;
+  for (int i = 0; i < 5; ++i) {
+    const int kg = kPxPlans[i][0], pp = kPxPlans[i][1];
+    if (g.cout % kg != 0 || pp > pmax) continue;
+    plan = i;
+    if (rows * CeilDiv(g.tsp[2], 32 * pp) * (g.cout / kg) >= kPxWarps) break;
+  }
+  if (plan < 0) return cudaSuccess;
+  const int kg = kPxPlans[plan][0], pp = kPxPlans[plan][1];
+  const int64_t groups = g.cout / kg, segs = CeilDiv(g.tsp[2], 32 * pp), warps = rows * segs * groups;
+  *launched = true;
+  if (warps <= 0) return cudaSuccess;
+  const unsigned blocks = GridX(CeilDiv(warps, kPxThreads / 32));
+  auto run = [&](auto kern) {
+    kern<<<blocks, kPxThreads, 0, s>>>(g, groups, segs, warps, static_cast<const T*>(src), static_cast<const T*>(w),
+                                       static_cast<const TO*>(bias), static_cast<TO*>(dst));
+  };
+  switch (plan) {
+    case 0: run(ScPixelKernel<T, TO, 16, 4>); break;
+    case 1: run(ScPixelKernel<T, TO, 16, 2>); break;
+    case 2: run(ScPixelKernel<T, TO, 8, 2>); break;
+    case 3: run(ScPixelKernel<T, TO, 8, 1>); break;
+    default: run(ScPixelKernel<T, TO, 4, 1>); break;
+  }
+  return cudaGetLastError();  }
+}
+
+cudaError_t RunPixel(const ScArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
+                     cudaStream_t s, bool* launched) {
+#define JAXCONV_BODY(T, TO) return LaunchPixel<T, TO>(g, src, w, bias, dst, s, launched)
   JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
 #undef JAXCONV_BODY
 }
@@ -1112,6 +1266,7 @@ cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, c
   if (const cudaError_t e = ReduceStencilFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
     return e;
   }
+  if (const cudaError_t e = RunPixel(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
   if (const cudaError_t e = RunStencil(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
   const cudaError_t e = RunGather(g, in, out, x, w, bias, y, s, &launched);
   if (e != cudaSuccess || launched) return e;
