@@ -79,27 +79,32 @@ CASES = {
     "fallback_narrow": ((1, 40, 5, 1), (3, 3), "SAME", (1, 1), (1, 1), 1),
     "fallback_dil3": ((1, 45, 50, 2), (3, 3), "SAME", (3, 1), (1, 1), 4),
     "fallback_stride2": ((1, 45, 50, 1), (3, 3), "SAME", (1, 1), (2, 2), 1),
-    # gather with the 64-channel bucket split over 4 threads (16 channels x 4 pixels each): first layers
+    # first layers (fwd: the row-segment kernel below; gradients: the gather kernels) and the gather's 64-channel
+    # bucket split over 4 threads (16 channels x 4 pixels each; k = 20 and 33 are not multiples of 8)
     "3to64_7x7_s2": ((2, 37, 41, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
     "3to64_3x3": ((1, 32, 32, 3), (3, 3), "SAME", (1, 1), (1, 1), 64),
     "2to20_partial_chunks": ((1, 19, 23, 2), (3, 3), ((1, 0), (2, 1)), (1, 2), (1, 1), 20),
     "1to33_dil2": ((2, 21, 30, 1), (3, 3), "SAME", (2, 2), (1, 1), 33),
-    # the pixel kernel (fwd, k >= 8, k % 4 == 0, >= 16 output columns): each of its (channels, pixels) per thread
-    # plans, (16, 4), (16, 2), (8, 2), (8, 1), (4, 1), and the stem at batch 1 (few warps: the last plan)
-    "px_3to64_16x4": ((2, 140, 256, 3), (3, 3), "SAME", (1, 1), (1, 1), 64),
-    "px_2to64_16x2": ((3, 90, 100, 2), (3, 3), ((1, 1), (2, 0)), (1, 1), (1, 1), 64),
-    "px_1to24_8x2_dil2": ((4, 90, 70, 1), (3, 3), "SAME", (2, 2), (1, 1), 24),
-    "px_1to8_8x1": ((8, 132, 40, 1), (5, 5), ((2, 2), (2, 2)), (1, 1), (1, 1), 8),
-    "px_1to12_5x5_dil2": ((2, 30, 77, 1), (5, 5), "SAME", (2, 2), (1, 1), 12),
-    "px_3to64_stem_b1": ((1, 61, 67, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
+    # the row-segment kernel (fwd, k % 8 == 0, (W taps, W stride) in (3, 1), (5, 1), (3, 2), (7, 2)): 8 and 4
+    # pixels per thread, pixel groups of a warp spanning rows, H-dilation, 3-D, the stem at batch 1
+    "rs_3to64_p8": ((2, 140, 256, 3), (3, 3), "SAME", (1, 1), (1, 1), 64),
+    "rs_2to64_p4": ((3, 90, 100, 2), (3, 3), ((1, 1), (2, 0)), (1, 1), (1, 1), 64),
+    "rs_2to64_s2_p8": ((8, 130, 260, 2), (3, 3), "SAME", (1, 1), (2, 2), 64),
+    "rs_4to16_s2_odd": ((2, 33, 47, 4), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 16),
+    "rs_1to8_5x5_b8": ((8, 132, 40, 1), (5, 5), ((2, 2), (2, 2)), (1, 1), (1, 1), 8),
+    "rs_1to16_5x5_hdil3": ((1, 40, 45, 1), (5, 5), "SAME", (3, 1), (1, 1), 16),
+    "rs_3to64_stem_b1": ((1, 61, 67, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
+    "rs_3d_2to8": ((1, 5, 9, 21, 2), (2, 3, 3), ((0, 1), (1, 1), (1, 1)), (2, 1, 1), (1, 1, 1), 8),
+    "1to24_dil2": ((4, 90, 70, 1), (3, 3), "SAME", (2, 2), (1, 1), 24),
+    "1to12_5x5_dil2": ((2, 30, 77, 1), (5, 5), "SAME", (2, 2), (1, 1), 12),
     # 3-D: dim 0 is general in the stencil (stride and dilation along D)
     "3d_1to1": ((2, 5, 19, 37, 1), (3, 3, 3), ((1, 1), (1, 1), (2, 2)), (2, 1, 2), (2, 1, 1), 1),
     "3d_4to4": ((1, 4, 17, 33, 4), (2, 3, 3), ((0, 1), (1, 1), (1, 1)), (1, 2, 1), (1, 1, 1), 4),
 }
 QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "plane_3x3_b3", "plane_dil8_rowdil3_asym", "plane_5x5_b2",
                      "8to1_valid_b3", "16to1_neg_pad", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
-                     "3to2_dil2_valid_b2", "3d_1to1", "fallback_5x7", "3to64_7x7_s2", "px_1to24_8x2_dil2",
-                     "px_3to64_stem_b1"]
+                     "3to2_dil2_valid_b2", "3d_1to1", "fallback_5x7", "3to64_7x7_s2", "rs_4to16_s2_odd",
+                     "rs_3to64_stem_b1"]
 
 
 def _run_case(name, dtype, rng, grads=True):
@@ -142,7 +147,7 @@ def test_small_dtypes(name, dtype, rng):
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
 @pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "plane_3x3_b3", "8to1_valid_b3", "1to16_tutorial",
                                   "4to4_tile_plus1", "16to1_dil2", "3d_1to1", "2to20_partial_chunks",
-                                  "px_2to64_16x2", "px_1to12_5x5_dil2"])
+                                  "rs_2to64_p4", "rs_1to16_5x5_hdil3"])
 def test_small_bias_activation(name, act, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   ns = len(shape) - 2
@@ -160,7 +165,7 @@ def test_small_bias_activation(name, act, rng):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", ["1to1_dil2", "plane_dil2_rows_valid", "1to16_tutorial", "4to1_dil2",
-                                  "px_3to64_16x4", "px_1to8_8x1"])
+                                  "rs_2to64_s2_p8", "rs_1to8_5x5_b8"])
 def test_small_half_inputs_f32_output(name, dtype, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   x = cu.to_gpu(cu.randn(rng, shape, dtype))

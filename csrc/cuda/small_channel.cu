@@ -25,6 +25,7 @@
 // shared memory, no per-tap index arithmetic; see "tiled filter gradient").
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "cuda/common.cuh"
 
@@ -243,32 +244,36 @@ cudaError_t RunGather(const ScArgs& g, DT in, DT out, const void* src, const voi
 #undef JAXCONV_BODY
 }
 
-// ---- pixel kernel: forward with a warp-uniform filter (first layers, the tutorial's 1 -> 16) ----
-// A warp owns one channel group of KG output channels and 32 * P destination pixels of one row (n, t0, t1): lane l
-// computes pixels l + 32 j (j < P), all KG channels, in registers. Every weight vector it reads is the same for
-// the whole warp (one broadcast load through L1), the source reads of a warp are consecutive pixels, and the
-// warps of a block take the channel groups of the same pixels, so the source comes from DRAM once. No shared
-// memory and no barrier: for small grids (batch 1, 28x28 images) the staging of the gather and stencil kernels
-// is most of their time. fwd only (the filter's output channel must be its contiguous dim); k % 4 == 0.
-constexpr int kPxThreads = 128;
+// ---- row-segment kernel: forward with a warp-uniform filter (first layers, the tutorial's 1 -> 16) ----
+// A thread computes P consecutive output pixels of one row, 8 output channels each (acc[P][8]). Per window row
+// and input channel it loads the row segment its P pixels read, (P - 1) * S + T values (stride S, T taps along
+// W, no W-dilation), once, and reuses it over the T taps: per (row, channel) P*S + T - S source loads and T
+// filter vectors feed T * P * 8 FMAs. The 32 lanes of a warp take consecutive pixel groups (possibly spanning
+// rows: narrow images keep every lane busy) and the same 8 channels, so every filter vector is one
+// warp-uniform load. No shared memory and no barrier: small grids (batch 1, 28x28 images) start computing at
+// once. fwd only (the filter's output channel is its contiguous dim), k % 8 == 0.
+constexpr int kRsThreads = 128;
+constexpr int kRsKg = 8;  // output channels per thread
 
-template <class T, class TO, int KG, int P>
-__global__ void __launch_bounds__(kPxThreads) ScPixelKernel(const ScArgs g, int64_t groups, int64_t segs,
-                                                             int64_t warps, const T* __restrict__ src,
-                                                             const T* __restrict__ w, const TO* __restrict__ bias,
-                                                             TO* __restrict__ dst) {
+template <class T, class TO, int P, int TW, int S>
+__global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int64_t groups, int ncg, int64_t warps,
+                                                              const T* __restrict__ src, const T* __restrict__ w,
+                                                              const TO* __restrict__ bias, TO* __restrict__ dst) {
   using Acc = float;
+  constexpr int KG = kRsKg;
+  constexpr int SEG = (P - 1) * S + TW;
   constexpr int WV = KG * sizeof(T) >= 16 ? 16 / static_cast<int>(sizeof(T)) : KG;    // weights per vector load
   constexpr int OV = KG * sizeof(TO) >= 16 ? 16 / static_cast<int>(sizeof(TO)) : KG;  // outputs per store
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t wstep = static_cast<int64_t>(gridDim.x) * (kPxThreads / 32);
-  for (int64_t wi = static_cast<int64_t>(blockIdx.x) * (kPxThreads / 32) + threadIdx.x / 32; wi < warps; wi += wstep) {
-    int64_t rem = wi, q;
-    q = DivNN(rem, groups);
-    const int kg = static_cast<int>(rem - q * groups);
-    rem = q;
-    q = DivNN(rem, segs);
-    const int tb = static_cast<int>(rem - q * segs) * 32 * P + lane;  // pixel j of the lane: tb + 32 j
+  const int64_t pix_groups = g.n * g.tsp[0] * g.tsp[1] * ncg;
+  const int64_t wstep = static_cast<int64_t>(gridDim.x) * (kRsThreads / 32);
+  for (int64_t wi = static_cast<int64_t>(blockIdx.x) * (kRsThreads / 32) + threadIdx.x / 32; wi < warps; wi += wstep) {
+    const int64_t pb = DivNN(wi, groups);
+    const int kg = static_cast<int>(wi - pb * groups);
+    int64_t rem = pb * 32 + lane, q;
+    if (rem >= pix_groups) continue;  // past the last pixel group (no barrier in this kernel)
+    q = DivNN(rem, ncg);
+    const int t2 = static_cast<int>(rem - q * ncg) * P;
     rem = q;
     q = DivNN(rem, g.tsp[1]);
     const int t1 = static_cast<int>(rem - q * g.tsp[1]);
@@ -281,119 +286,103 @@ __global__ void __launch_bounds__(kPxThreads) ScPixelKernel(const ScArgs g, int6
     for (int j = 0; j < P; ++j)
 #pragma unroll
       for (int k = 0; k < KG; ++k) acc[j][k] = 0.f;
+    const int c0 = t2 * S + g.beta[2];  // first source column of the segment
     const T* sbase = src + n * g.sN;
     const T* wk = w + kg * KG;
-    int f = 0;
     for (int f0 = 0; f0 < g.taps[0]; ++f0) {
       const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], g.delta[0], g.lim[0]);
-      if (q0 < 0) { f += g.taps[1] * g.taps[2]; continue; }
+      if (q0 < 0) continue;
       for (int f1 = 0; f1 < g.taps[1]; ++f1) {
         const int q1 = TapIndex(t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1], g.delta[1], g.lim[1]);
-        if (q1 < 0) { f += g.taps[2]; continue; }
+        if (q1 < 0) continue;
         const T* rowp = sbase + (q0 * g.sS[0] + q1 * g.sS[1]);
-        for (int f2 = 0; f2 < g.taps[2]; ++f2, ++f) {
-          const T* xp[P];
-          bool ok[P];
+        const T* wrow = wk + (f0 * g.taps[1] + f1) * TW * g.wF;
+#pragma unroll 1
+        for (int ci = 0; ci < g.cin; ++ci) {
+          Acc seg[SEG];
 #pragma unroll
-          for (int j = 0; j < P; ++j) {
-            const int t2 = tb + 32 * j;
-            const int q2 = TapIndex(t2 * g.alpha[2] + g.beta[2] + f2 * g.gamma[2], g.delta[2], g.lim[2]);
-            ok[j] = q2 >= 0 && t2 < g.tsp[2];
-            xp[j] = rowp + (ok[j] ? q2 : 0) * g.sS[2];
+          for (int m = 0; m < SEG; ++m) {
+            const int col = c0 + m;
+            seg[m] = (col >= 0 && col < g.lim[2]) ? ToAcc(rowp[col * g.sS[2] + ci]) : 0.f;
           }
-          const T* wf = wk + f * g.wF;
-#pragma unroll 2
-          for (int ci = 0; ci < g.cin; ++ci) {
+#pragma unroll
+          for (int f2 = 0; f2 < TW; ++f2) {
             Acc wv[KG];
 #pragma unroll
             for (int v = 0; v < KG / WV; ++v) {
               Acc part[WV];
-              LdGlobalAcc<T, Acc, WV>(wf + ci * g.wCi + v * WV, part);
+              LdGlobalAcc<T, Acc, WV>(wrow + f2 * g.wF + ci * g.wCi + v * WV, part);
 #pragma unroll
               for (int e = 0; e < WV; ++e) wv[v * WV + e] = part[e];
             }
 #pragma unroll
-            for (int j = 0; j < P; ++j) {
-              const Acc xv = ok[j] ? ToAcc(xp[j][ci]) : 0.f;
+            for (int j = 0; j < P; ++j)
 #pragma unroll
-              for (int k = 0; k < KG; ++k) acc[j][k] = fma(xv, wv[k], acc[j][k]);
-            }
+              for (int k = 0; k < KG; ++k) acc[j][k] = fma(seg[j * S + f2], wv[k], acc[j][k]);
           }
         }
       }
     }
     TO* dbase = dst + n * g.dN + (t0 * g.dS[0] + t1 * g.dS[1]) + kg * KG;
+    Acc bv[KG];
+#pragma unroll
+    for (int k = 0; k < KG; ++k) bv[k] = g.has_bias ? ToAcc(bias[kg * KG + k]) : 0.f;
 #pragma unroll
     for (int j = 0; j < P; ++j) {
-      const int t2 = tb + 32 * j;
-      if (t2 >= g.tsp[2]) break;
-#pragma unroll
-      for (int k = 0; k < KG; ++k) {
-        Acc v = acc[j][k];
-        if (g.has_bias) v += ToAcc(bias[kg * KG + k]);
-        acc[j][k] = Activate(v, g.act);
-      }
+      if (t2 + j >= g.tsp[2]) break;
 #pragma unroll
       for (int v = 0; v < KG / OV; ++v) {
         Acc part[OV];
 #pragma unroll
-        for (int e = 0; e < OV; ++e) part[e] = acc[j][v * OV + e];
-        StGlobal<TO, Acc, OV>(dbase + t2 * g.dS[2] + v * OV, part);
+        for (int e = 0; e < OV; ++e) part[e] = Activate(acc[j][v * OV + e] + bv[v * OV + e], g.act);
+        StGlobal<TO, Acc, OV>(dbase + (t2 + j) * g.dS[2] + v * OV, part);
       }
     }
   }
 }
 
-// (KG, P) per thread, most work first: the first with at least kPxWarps warps (16 per SM) is taken, else the
-// last. P is at most max(1, width / 32) so that narrow rows do not idle lanes.
-constexpr int kPxPlans[][2] = {{16, 4}, {16, 2}, {8, 2}, {8, 1}, {4, 1}};
-constexpr int64_t kPxWarps = 16 * kPlanSms;
+// Pixels per thread: 8, or 4 when 8 would give fewer than kRsWarps warps (16 per SM) or idle most lanes' pixels.
+constexpr int64_t kRsWarps = 16 * kPlanSms;
 
-template <class T, class TO>
-cudaError_t LaunchPixel(const ScArgs& g, const void* src, const void* w, const void* bias, void* dst, cudaStream_t s,
-                        bool* launched) {
-  *launched = false;
-  if constexpr (sizeof(T) == 8) {  // f32 accumulation only: f64 stays on the gather kernel
-    return cudaSuccess;
-  } else {
-  if (g.cout < 8 || g.cout % 4 != 0 || g.wCo != 1 || g.sS[2] != g.cin || g.dS[2] != g.cout) return cudaSuccess;
-  if (!Aligned16(w) || !Aligned16(dst)) return cudaSuccess;
-  if (g.tsp[2] < 16) return cudaSuccess;
-  if (const char* e = std::getenv("JAXCONV_AB_PIXEL"); e != nullptr && e[0] == '0') return cudaSuccess;  // A/B, temporary
-  const int64_t rows = g.n * g.tsp[0] * g.tsp[1];
-  const int pmax = std::max(1, g.tsp[2] / 32);
-  int plan = -1;
-  for (int i = 0; i < 5; ++i) {
-    const int kg = kPxPlans[i][0], pp = kPxPlans[i][1];
-    if (g.cout % kg != 0 || pp > pmax) continue;
-    plan = i;
-    if (rows * CeilDiv(g.tsp[2], 32 * pp) * (g.cout / kg) >= kPxWarps) break;
-  }
-  if (plan < 0) return cudaSuccess;
-  const int kg = kPxPlans[plan][0], pp = kPxPlans[plan][1];
-  const int64_t groups = g.cout / kg, segs = CeilDiv(g.tsp[2], 32 * pp), warps = rows * segs * groups;
-  *launched = true;
+template <class T, class TO, int TW, int S>
+cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const void* bias, void* dst,
+                         cudaStream_t s) {
+  const int64_t rows = g.n * g.tsp[0] * g.tsp[1], groups = g.cout / kRsKg;
+  auto warps_of = [&](int pp) { return CeilDiv(rows * CeilDiv(g.tsp[2], pp), 32) * groups; };
+  const bool p8 = g.tsp[2] >= 16 && warps_of(8) >= kRsWarps;
+  const int pp = p8 ? 8 : 4, ncg = static_cast<int>(CeilDiv(g.tsp[2], pp));
+  const int64_t warps = warps_of(pp);
   if (warps <= 0) return cudaSuccess;
-  const unsigned blocks = GridX(CeilDiv(warps, kPxThreads / 32));
+  const unsigned blocks = GridX(CeilDiv(warps, kRsThreads / 32));
   auto run = [&](auto kern) {
-    kern<<<blocks, kPxThreads, 0, s>>>(g, groups, segs, warps, static_cast<const T*>(src), static_cast<const T*>(w),
+    kern<<<blocks, kRsThreads, 0, s>>>(g, groups, ncg, warps, static_cast<const T*>(src), static_cast<const T*>(w),
                                        static_cast<const TO*>(bias), static_cast<TO*>(dst));
   };
-  switch (plan) {
-    case 0: run(ScPixelKernel<T, TO, 16, 4>); break;
-    case 1: run(ScPixelKernel<T, TO, 16, 2>); break;
-    case 2: run(ScPixelKernel<T, TO, 8, 2>); break;
-    case 3: run(ScPixelKernel<T, TO, 8, 1>); break;
-    default: run(ScPixelKernel<T, TO, 4, 1>); break;
-  }
-  return cudaGetLastError();  }
+  if (p8) run(ScRowSegKernel<T, TO, 8, TW, S>);
+  else run(ScRowSegKernel<T, TO, 4, TW, S>);
+  return cudaGetLastError();
 }
 
-cudaError_t RunPixel(const ScArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
-                     cudaStream_t s, bool* launched) {
-#define JAXCONV_BODY(T, TO) return LaunchPixel<T, TO>(g, src, w, bias, dst, s, launched)
-  JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
-#undef JAXCONV_BODY
+// Taken for the forward with k % 8 == 0, a (W taps, W stride) of (3, 1), (5, 1), (3, 2) or (7, 2), no W-dilation
+// and no lhs dilation along W, f32/16-bit data; any H and D geometry.
+cudaError_t RunRowSeg(const ScArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
+                      cudaStream_t s, bool* launched) {
+  *launched = false;
+  if (in == DT::kF64 || g.cout % kRsKg != 0 || g.wCo != 1 || g.sS[2] != g.cin || g.dS[2] != g.cout) return cudaSuccess;
+  if (g.gamma[2] != 1 || g.delta[2] != 1 || !Aligned16(w) || !Aligned16(dst)) return cudaSuccess;
+  const int tw = g.taps[2], st = g.alpha[2];
+  if (!((st == 1 && (tw == 3 || tw == 5)) || (st == 2 && (tw == 3 || tw == 7)))) return cudaSuccess;
+  if (const char* e = std::getenv("JAXCONV_AB_PIXEL"); e != nullptr && e[0] == '0') return cudaSuccess;  // A/B, temporary
+  *launched = true;
+  auto body = [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::first_type;
+    using TO = typename decltype(tag)::second_type;
+    if (st == 1) return tw == 3 ? LaunchRowSeg<T, TO, 3, 1>(g, src, w, bias, dst, s) : LaunchRowSeg<T, TO, 5, 1>(g, src, w, bias, dst, s);
+    return tw == 3 ? LaunchRowSeg<T, TO, 3, 2>(g, src, w, bias, dst, s) : LaunchRowSeg<T, TO, 7, 2>(g, src, w, bias, dst, s);
+  };
+  if (in == DT::kF32) return body(std::pair<float, float>{});
+  if (in == DT::kBF16) return out == DT::kF32 ? body(std::pair<__nv_bfloat16, float>{}) : body(std::pair<__nv_bfloat16, __nv_bfloat16>{});
+  return out == DT::kF32 ? body(std::pair<__half, float>{}) : body(std::pair<__half, __half>{});
 }
 
 // ---- stencil fast path: fwd and dgrad with alpha == delta == 1 along dims 1 and 2 (unit stride, no lhs
@@ -1266,7 +1255,7 @@ cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, c
   if (const cudaError_t e = ReduceStencilFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
     return e;
   }
-  if (const cudaError_t e = RunPixel(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
+  if (const cudaError_t e = RunRowSeg(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
   if (const cudaError_t e = RunStencil(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
   const cudaError_t e = RunGather(g, in, out, x, w, bias, y, s, &launched);
   if (e != cudaSuccess || launched) return e;
