@@ -85,10 +85,11 @@ CASES = {
     "3to64_3x3": ((1, 32, 32, 3), (3, 3), "SAME", (1, 1), (1, 1), 64),
     "2to20_partial_chunks": ((1, 19, 23, 2), (3, 3), ((1, 0), (2, 1)), (1, 2), (1, 1), 20),
     "1to33_dil2": ((2, 21, 30, 1), (3, 3), "SAME", (2, 2), (1, 1), 33),
-    # the row-segment kernel (fwd, k % 8 == 0, (W taps, W stride) in (3, 1), (5, 1), (3, 2), (7, 2)): 8 and 4
+    # the row-segment kernel (fwd, k % 8 == 0, (W taps, W stride) in (3, 1), (5, 1), (3, 2), (7, 2)): 8, 4 and 2
     # pixels per thread, pixel groups of a warp spanning rows, H-dilation, 3-D, the stem at batch 1
     "rs_3to64_p8": ((2, 140, 256, 3), (3, 3), "SAME", (1, 1), (1, 1), 64),
-    "rs_2to64_p4": ((3, 90, 100, 2), (3, 3), ((1, 1), (2, 0)), (1, 1), (1, 1), 64),
+    "rs_2to64_p2": ((3, 90, 100, 2), (3, 3), ((1, 1), (2, 0)), (1, 1), (1, 1), 64),
+    "rs_2to64_w14_p4": ((24, 100, 14, 2), (3, 3), "SAME", (1, 1), (1, 1), 64),
     "rs_2to64_s2_p8": ((8, 130, 260, 2), (3, 3), "SAME", (1, 1), (2, 2), 64),
     "rs_4to16_s2_odd": ((2, 33, 47, 4), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 16),
     "rs_1to8_5x5_b8": ((8, 132, 40, 1), (5, 5), ((2, 2), (2, 2)), (1, 1), (1, 1), 8),
@@ -147,7 +148,7 @@ def test_small_dtypes(name, dtype, rng):
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
 @pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "plane_3x3_b3", "8to1_valid_b3", "1to16_tutorial",
                                   "4to4_tile_plus1", "16to1_dil2", "3d_1to1", "2to20_partial_chunks",
-                                  "rs_2to64_p4", "rs_1to16_5x5_hdil3"])
+                                  "rs_2to64_p2", "rs_1to16_5x5_hdil3"])
 def test_small_bias_activation(name, act, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   ns = len(shape) - 2

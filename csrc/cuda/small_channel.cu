@@ -245,7 +245,7 @@ cudaError_t RunGather(const ScArgs& g, DT in, DT out, const void* src, const voi
 }
 
 // ---- row-segment kernel: forward with a warp-uniform filter (first layers, the tutorial's 1 -> 16) ----
-// A thread computes P consecutive output pixels of one row, 8 output channels each (acc[P][8]). Per window row
+// A thread computes P (8, 4 or 2) consecutive output pixels of one row, 8 output channels each (acc[P][8]). Per window row
 // and input channel it loads the row segment its P pixels read, (P - 1) * S + T values (stride S, T taps along
 // W, no W-dilation), once, and reuses it over the T taps: per (row, channel) P*S + T - S source loads and T
 // filter vectors feed T * P * 8 FMAs. The 32 lanes of a warp take consecutive pixel groups (possibly spanning
@@ -341,7 +341,9 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
   }
 }
 
-// Pixels per thread: 8, or 4 when 8 would give fewer than kRsWarps warps (16 per SM) or idle most lanes' pixels.
+// Pixels per thread: the most of 8, 4, 2 that gives at least kRsWarps warps (16 per SM), else 2: small grids are
+// latency bound (run 70's profile of the 28x28 tutorial at 4 pixels: 6 warps per SM, 9.5 cycles per instruction).
+// 8 only for rows of 16+ pixels (narrow rows would idle most of a thread's pixels).
 constexpr int64_t kRsWarps = 16 * kPlanSms;
 
 template <class T, class TO, int TW, int S>
@@ -349,8 +351,8 @@ cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const 
                          cudaStream_t s) {
   const int64_t rows = g.n * g.tsp[0] * g.tsp[1], groups = g.cout / kRsKg;
   auto warps_of = [&](int pp) { return CeilDiv(rows * CeilDiv(g.tsp[2], pp), 32) * groups; };
-  const bool p8 = g.tsp[2] >= 16 && warps_of(8) >= kRsWarps;
-  const int pp = p8 ? 8 : 4, ncg = static_cast<int>(CeilDiv(g.tsp[2], pp));
+  const int pp = g.tsp[2] >= 16 && warps_of(8) >= kRsWarps ? 8 : warps_of(4) >= kRsWarps ? 4 : 2;
+  const int ncg = static_cast<int>(CeilDiv(g.tsp[2], pp));
   const int64_t warps = warps_of(pp);
   if (warps <= 0) return cudaSuccess;
   const unsigned blocks = GridX(CeilDiv(warps, kRsThreads / 32));
@@ -358,8 +360,9 @@ cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const 
     kern<<<blocks, kRsThreads, 0, s>>>(g, groups, ncg, warps, static_cast<const T*>(src), static_cast<const T*>(w),
                                        static_cast<const TO*>(bias), static_cast<TO*>(dst));
   };
-  if (p8) run(ScRowSegKernel<T, TO, 8, TW, S>);
-  else run(ScRowSegKernel<T, TO, 4, TW, S>);
+  if (pp == 8) run(ScRowSegKernel<T, TO, 8, TW, S>);
+  else if (pp == 4) run(ScRowSegKernel<T, TO, 4, TW, S>);
+  else run(ScRowSegKernel<T, TO, 2, TW, S>);
   return cudaGetLastError();
 }
 
