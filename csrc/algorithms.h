@@ -53,6 +53,11 @@ inline bool SmallChannelApplies(const ConvParams& p) {
   return SpatialCount(p.in) * p.c[0] < kLim && SpatialCount(p.out) * p.k[0] < kLim;
 }
 
+// Multiply-adds of the forward: output elements x window taps x input channels per group.
+inline int64_t ConvMacs(const ConvParams& p) {
+  return YElements(p) * SpatialCount(p.win) * (p.c[0] / p.groups[0]);
+}
+
 // The element types of a call, as far as the predicates care: operand and result sizes in bytes (8 = f64,
 // 4 = f32, 2 = bf16/f16).
 struct ElemBytes {
@@ -99,8 +104,13 @@ inline int64_t ResolveAlgorithm(const ConvParams& p, ElemBytes eb, std::string* 
       // Long 1-D windows keep the tiled long1d kernel; small channel counts (including c == k == 1, which
       // DepthwiseApplies also accepts) take small_channel; then depthwise; else direct.
       if (Long1DApplies(p) && p.win[2] >= 64) return kAlgoLong1D;
-      // Tensor cores beat the small-channel kernels once there are 32+ outputs per pixel (first layers: 3 -> 64).
-      if (p.k[0] >= 32 && ImplicitGemmApplies(p, eb)) return kAlgoImplicitGemm;
+      // Tensor cores beat the small-channel kernels once there are 32+ outputs per pixel (first layers: 3 -> 64),
+      // except on tiny problems (<= 2^21 MACs: a 32x32 3 -> 64 3x3 image), where the tensor-core route's four
+      // launches (unroll, GEMM, copies) cost more than the small family's one kernel (run 71: 6.9 vs 8.7 µs bf16,
+      // 8.0 vs 12.7 f32 HIGHEST).
+      if (p.k[0] >= 32 && ImplicitGemmApplies(p, eb) && !(SmallChannelApplies(p) && ConvMacs(p) <= (int64_t(1) << 21))) {
+        return kAlgoImplicitGemm;
+      }
       if (SmallChannelApplies(p)) return kAlgoSmallChannel;
       if (DepthwiseApplies(p)) return kAlgoDepthwise;
       if (ImplicitGemmApplies(p, eb)) return kAlgoImplicitGemm;
