@@ -13,7 +13,9 @@
 // all CO channels in registers (acc[P][CO]); warps cover consecutive pixels, so source reads are coalesced and
 // weight reads are shared-memory broadcasts; for CO = 64 four consecutive threads split the channels (16 each,
 // P = 4 pixels). Fused bias + activation epilogue (fwd). Unit stride along H and W with few channels takes the
-// stencil kernel instead (shared-memory tile with halo, register reuse along H; see "stencil fast path").
+// stencil kernel instead (shared-memory tile with halo, register reuse along H; see "stencil fast path"). The
+// forward with k % 8 == 0 and 3/5 W taps at W stride 1 or 3/7 at stride 2 (first layers, the 1 -> 16 tutorial
+// layer) takes the row-segment kernel before both (no shared memory; see "row-segment kernel").
 //
 // wgrad: dw[f, ci, kk] = sum_{n, o} x[n, i(o, f), ci] * dy[n, o, kk]. The (tap, k) space is cut into slices of
 // TF taps x KB output channels (all c, padded to CB); a block owns one slice and one chunk of consecutive
@@ -24,7 +26,6 @@
 // spatial dims, C and K of 1 or multiples of 4, non-f64 take the tiled wgrad instead (spatial tiles staged in
 // shared memory, no per-tap index arithmetic; see "tiled filter gradient").
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 
 #include "cuda/common.cuh"
@@ -375,7 +376,6 @@ cudaError_t RunRowSeg(const ScArgs& g, DT in, DT out, const void* src, const voi
   if (g.gamma[2] != 1 || g.delta[2] != 1 || !Aligned16(w) || !Aligned16(dst)) return cudaSuccess;
   const int tw = g.taps[2], st = g.alpha[2];
   if (!((st == 1 && (tw == 3 || tw == 5)) || (st == 2 && (tw == 3 || tw == 7)))) return cudaSuccess;
-  if (const char* e = std::getenv("JAXCONV_AB_PIXEL"); e != nullptr && e[0] == '0') return cudaSuccess;  // A/B, temporary
   *launched = true;
   auto body = [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::first_type;
