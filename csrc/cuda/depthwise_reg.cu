@@ -13,7 +13,6 @@
 //   dgrad: dx[y, x, c] = sum_{r,s} w[K-1-r, K-1-s, c] * dy[y - (K-1-ph) + r, x - (K-1-pw) + s, c]   (S == 1)
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/common.cuh"
 
@@ -22,20 +21,22 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVc = 4;  // channels per thread
+constexpr int kVc = 4;  // channels per thread (one 16-byte vector of floats)
+constexpr int kK = 3;   // window
 
 struct DwRegArgs {
   int64_t threads;                         // n * groups * dst_cols * vecs
   int src_rows, src_cols, dst_rows, dst_cols;
-  int vecs;                                // c / VC
+  int vecs;                                // c / kVc
   int c, ph, pw, groups;                   // groups: row groups of TH destination rows
   int act, has_bias;
 };
 
-template <class T, class TO, int VC, int K, int S, int TH, bool FLIP>
-__global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const T* __restrict__ src,
-                                                        const T* __restrict__ w, const TO* __restrict__ bias,
-                                                        TO* __restrict__ dst) {
+template <int S, int TH, bool FLIP>
+__global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const float* __restrict__ src,
+                                                        const float* __restrict__ w, const float* __restrict__ bias,
+                                                        float* __restrict__ dst) {
+  constexpr int K = kK, VC = kVc;
   constexpr int M = (TH - 1) * S + K;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= g.threads) return;
@@ -48,14 +49,13 @@ __global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const
   const int64_t n = q / g.groups;
   const int c0 = vec * VC, y0 = grp * TH;
   const int ys0 = y0 * S - g.ph, xs0 = xd * S - g.pw;
-  const T* sn = src + n * g.src_rows * static_cast<int64_t>(g.src_cols) * g.c + c0;
+  const float* sn = src + n * g.src_rows * static_cast<int64_t>(g.src_cols) * g.c + c0;
   float acc[TH][VC];
 #pragma unroll
   for (int j = 0; j < TH; ++j)
 #pragma unroll
     for (int i = 0; i < VC; ++i) acc[j][i] = 0.f;
-  // Small windows unroll the columns too (more loads in flight); larger ones would not fit the registers.
-#pragma unroll(K <= 3 ? K : 1)
+#pragma unroll
   for (int s = 0; s < K; ++s) {
     const int xs = xs0 + s;
     const bool col_ok = xs >= 0 && xs < g.src_cols;
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const
     for (int m = 0; m < M; ++m) {
       const int ys = ys0 + m;
       if (col_ok && ys >= 0 && ys < g.src_rows) {
-        LdGlobalAcc<T, float, VC>(sn + (static_cast<int64_t>(ys) * g.src_cols + xs) * g.c, col[m]);
+        LdGlobalAcc<float, float, VC>(sn + (static_cast<int64_t>(ys) * g.src_cols + xs) * g.c, col[m]);
       } else {
 #pragma unroll
         for (int i = 0; i < VC; ++i) col[m][i] = 0.f;
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const
     for (int r = 0; r < K; ++r) {
       float wv[VC];
       const int tap = FLIP ? (K - 1 - r) * K + (K - 1 - s) : r * K + s;
-      LdGlobalAcc<T, float, VC>(w + static_cast<int64_t>(tap) * g.c + c0, wv);
+      LdGlobalAcc<float, float, VC>(w + static_cast<int64_t>(tap) * g.c + c0, wv);
 #pragma unroll
       for (int j = 0; j < TH; ++j)
 #pragma unroll
@@ -86,9 +86,9 @@ __global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const
   for (int i = 0; i < VC; ++i) b[i] = 0.f;
   if (g.has_bias) {
 #pragma unroll
-    for (int i = 0; i < VC; ++i) b[i] = ToAcc(bias[c0 + i]);
+    for (int i = 0; i < VC; ++i) b[i] = bias[c0 + i];
   }
-  TO* dn = dst + n * g.dst_rows * static_cast<int64_t>(g.dst_cols) * g.c + c0;
+  float* dn = dst + n * g.dst_rows * static_cast<int64_t>(g.dst_cols) * g.c + c0;
 #pragma unroll
   for (int j = 0; j < TH; ++j) {
     const int yd = y0 + j;
@@ -96,20 +96,20 @@ __global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const
     float v[VC];
 #pragma unroll
     for (int i = 0; i < VC; ++i) v[i] = Activate(acc[j][i] + b[i], g.act);
-    TO* out = dn + (static_cast<int64_t>(yd) * g.dst_cols + xd) * g.c;
-    StGlobal<TO, float, VC>(out, v);
+    float* out = dn + (static_cast<int64_t>(yd) * g.dst_cols + xd) * g.c;
+    StGlobal<float, float, VC>(out, v);
   }
 }
 
 DwRegArgs MakeArgs(const ConvParams& p, int64_t src_rows, int64_t src_cols, int64_t dst_rows, int64_t dst_cols,
-                   int64_t ph, int64_t pw, int vc, int th) {
+                   int64_t ph, int64_t pw, int th) {
   DwRegArgs a{};
   a.src_rows = static_cast<int>(src_rows);
   a.src_cols = static_cast<int>(src_cols);
   a.dst_rows = static_cast<int>(dst_rows);
   a.dst_cols = static_cast<int>(dst_cols);
   a.c = static_cast<int>(p.c[0]);
-  a.vecs = static_cast<int>(p.c[0] / vc);
+  a.vecs = static_cast<int>(p.c[0] / kVc);
   a.ph = static_cast<int>(ph);
   a.pw = static_cast<int>(pw);
   a.groups = static_cast<int>(CeilDiv(dst_rows, th));
@@ -120,21 +120,22 @@ DwRegArgs MakeArgs(const ConvParams& p, int64_t src_rows, int64_t src_cols, int6
 }
 
 // Destination rows per thread: 4, or 2 when 4 would leave fewer than 16 warps per SM (H100 count).
-int RowsPerThread(const ConvParams& p, int64_t dst_rows, int64_t dst_cols, int vc) {
-  return MakeArgs(p, 1, 1, dst_rows, dst_cols, 0, 0, vc, 4).threads < 16 * 32 * kPlanSms ? 2 : 4;
+int RowsPerThread(const ConvParams& p, int64_t dst_rows, int64_t dst_cols) {
+  return MakeArgs(p, 1, 1, dst_rows, dst_cols, 0, 0, 4).threads < 16 * 32 * kPlanSms ? 2 : 4;
 }
 
-template <class T, bool FLIP>
+template <bool FLIP>
 cudaError_t Launch(const ConvParams& p, int64_t src_rows, int64_t src_cols, int64_t dst_rows, int64_t dst_cols,
                    int64_t ph, int64_t pw, const void* src, const void* w, const void* bias, void* dst,
                    cudaStream_t s) {
-  const int th = RowsPerThread(p, dst_rows, dst_cols, kVc);
+  const int th = RowsPerThread(p, dst_rows, dst_cols);
   const int64_t stride = p.stride[1];
   auto go = [&](auto sc, auto thc) {
     constexpr int S = decltype(sc)::value, TH = decltype(thc)::value;
-    const DwRegArgs a = MakeArgs(p, src_rows, src_cols, dst_rows, dst_cols, ph, pw, kVc, TH);
-    DwRegKernel<T, T, kVc, 3, S, TH, FLIP><<<static_cast<unsigned>(CeilDiv(a.threads, kThreads)), kThreads, 0, s>>>(
-        a, static_cast<const T*>(src), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<T*>(dst));
+    const DwRegArgs a = MakeArgs(p, src_rows, src_cols, dst_rows, dst_cols, ph, pw, TH);
+    DwRegKernel<S, TH, FLIP><<<static_cast<unsigned>(CeilDiv(a.threads, kThreads)), kThreads, 0, s>>>(
+        a, static_cast<const float*>(src), static_cast<const float*>(w), static_cast<const float*>(bias),
+        static_cast<float*>(dst));
     return cudaGetLastError();
   };
   auto with_th = [&](auto sc) { return th == 2 ? go(sc, IntC<2>{}) : go(sc, IntC<4>{}); };
@@ -151,7 +152,7 @@ bool DepthwiseRegApplies(const ConvParams& p, CudaOp op, DT in) {
   if (c % kVc != 0) return false;
   if (p.in[0] != 1 || p.out[0] != 1 || p.win[0] != 1 || p.pad_lo[0] != 0 || p.pad_hi[0] != 0) return false;
   const int64_t k = p.win[1], st = p.stride[1];
-  if (p.win[2] != k || k != 3 || p.stride[2] != st || (st != 1 && st != 2)) return false;
+  if (p.win[2] != k || k != kK || p.stride[2] != st || (st != 1 && st != 2)) return false;
   if (op == CudaOp::kDgrad && st != 1) return false;
   for (int d = 1; d < 3; ++d) {
     if (p.rhs_dil[d] != 1 || p.lhs_dil[d] != 1 || p.out[d] < 1) return false;
@@ -159,8 +160,8 @@ bool DepthwiseRegApplies(const ConvParams& p, CudaOp op, DT in) {
   }
   // 32-bit channel offsets within an image; a 1-D grid.
   if (p.in[1] * p.in[2] * c > INT32_MAX || p.out[1] * p.out[2] * c > INT32_MAX) return false;
-  return CeilDiv(MakeArgs(p, 1, 1, p.out[1], p.out[2], 0, 0, kVc, 2).threads, kThreads) <= INT32_MAX &&
-         CeilDiv(MakeArgs(p, 1, 1, p.in[1], p.in[2], 0, 0, kVc, 2).threads, kThreads) <= INT32_MAX;
+  return CeilDiv(MakeArgs(p, 1, 1, p.out[1], p.out[2], 0, 0, 2).threads, kThreads) <= INT32_MAX &&
+         CeilDiv(MakeArgs(p, 1, 1, p.in[1], p.in[2], 0, 0, 2).threads, kThreads) <= INT32_MAX;
 }
 
 cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
@@ -171,7 +172,7 @@ cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, c
     return cudaSuccess;
   }
   *launched = true;
-  return Launch<float, false>(p, p.in[1], p.in[2], p.out[1], p.out[2], p.pad_lo[1], p.pad_lo[2], x, w, bias, y, s);
+  return Launch<false>(p, p.in[1], p.in[2], p.out[1], p.out[2], p.pad_lo[1], p.pad_lo[2], x, w, bias, y, s);
 }
 
 cudaError_t DepthwiseRegDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
@@ -186,7 +187,7 @@ cudaError_t DepthwiseRegDgrad(const ConvParams& p, DT in, DT out, const void* dy
   q.activation[0] = kActNone;
   q.has_bias[0] = 0;
   const int64_t k = p.win[1];
-  return Launch<float, true>(q, p.out[1], p.out[2], p.in[1], p.in[2], k - 1 - p.pad_lo[1], k - 1 - p.pad_lo[2], dy, w,
+  return Launch<true>(q, p.out[1], p.out[2], p.in[1], p.in[2], k - 1 - p.pad_lo[1], k - 1 - p.pad_lo[2], dy, w,
                              nullptr, dx, s);
 }
 
