@@ -193,6 +193,18 @@ inline unsigned GridX(int64_t tiles) {  // grid-stride loops cover the rest
     else { return cudaErrorInvalidValue; }                                                     \
   } while (0)
 
+// f(T{}, TO{}) for the (input, output) dtype pairs of JAXCONV_DTYPE_SWITCH but (f64, f64), for kernels that only
+// accumulate in f32; cudaErrorInvalidValue for any other pair.
+template <class F>
+cudaError_t WithF32AccTypes(DT in, DT out, F&& f) {
+  if (in == DT::kF32 && out == DT::kF32) return f(float{}, float{});
+  if (in == DT::kBF16 && out == DT::kBF16) return f(__nv_bfloat16{}, __nv_bfloat16{});
+  if (in == DT::kBF16 && out == DT::kF32) return f(__nv_bfloat16{}, float{});
+  if (in == DT::kF16 && out == DT::kF16) return f(__half{}, __half{});
+  if (in == DT::kF16 && out == DT::kF32) return f(__half{}, float{});
+  return cudaErrorInvalidValue;
+}
+
 inline size_t AccBytes(DT in) { return in == DT::kF64 ? 8 : 4; }
 
 // Split-K plans (how many partial sums a filter gradient computes) target this many multiprocessors, an H100's

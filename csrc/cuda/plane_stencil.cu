@@ -285,17 +285,6 @@ bool WithTaps(const ConvParams& p, F&& f) {
   return false;
 }
 
-// f(T{}, TO{}) for the (input, output) dtype pairs of these kernels (f64 is not one of them).
-template <class F>
-cudaError_t WithTypes(DT in, DT out, F&& f) {
-  if (in == DT::kF32 && out == DT::kF32) return f(float{}, float{});
-  if (in == DT::kBF16 && out == DT::kBF16) return f(__nv_bfloat16{}, __nv_bfloat16{});
-  if (in == DT::kBF16 && out == DT::kF32) return f(__nv_bfloat16{}, float{});
-  if (in == DT::kF16 && out == DT::kF16) return f(__half{}, __half{});
-  if (in == DT::kF16 && out == DT::kF32) return f(__half{}, float{});
-  return cudaErrorInvalidValue;
-}
-
 template <class T, class TO, bool FLIP>
 cudaError_t LaunchFwd(const ConvParams& p, int64_t src_rows, int64_t dst_rows, int64_t ph, const void* src,
                       const void* w, const void* bias, void* dst, cudaStream_t s) {
@@ -475,7 +464,7 @@ cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, c
   *launched = false;
   if (!PlaneStencilApplies(p, in) || !Aligned16(x) || !Aligned16(y)) return cudaSuccess;
   *launched = true;
-  return WithTypes(in, out, [&](auto t, auto to) {
+  return WithF32AccTypes(in, out, [&](auto t, auto to) {
     using T = decltype(t);
     return LaunchFwd<T, decltype(to), false>(p, p.in[1], p.out[1], p.pad_lo[1], x, w, bias, y, s);
   });
@@ -490,7 +479,7 @@ cudaError_t PlaneStencilDgrad(const ConvParams& p, DT in, DT out, const void* dy
   ConvParams q = p;
   q.activation[0] = kActNone;
   q.has_bias[0] = 0;
-  return WithTypes(in, out, [&](auto t, auto to) {
+  return WithF32AccTypes(in, out, [&](auto t, auto to) {
     using T = decltype(t);
     return LaunchFwd<T, decltype(to), true>(q, p.out[1], p.in[1], ph, dy, w, nullptr, dx, s);
   });
@@ -546,7 +535,7 @@ cudaError_t ReduceStencilFwd(const ConvParams& p, DT in, DT out, const void* x, 
   if (!ReduceStencilApplies(p, in) || reinterpret_cast<uintptr_t>(x) % (ReduceVc(p, in) * eb) != 0) return cudaSuccess;
   *launched = true;
   const bool wide = ReduceVc(p, in) * eb == 16;
-  return WithTypes(in, out, [&](auto t, auto to) {
+  return WithF32AccTypes(in, out, [&](auto t, auto to) {
     using T = decltype(t);
     using TO = decltype(to);
     constexpr int kWide = 16 / sizeof(T), kNarrow = 8 / sizeof(T);

@@ -26,7 +26,6 @@
 // spatial dims, C and K of 1 or multiples of 4, non-f64 take the tiled wgrad instead (spatial tiles staged in
 // shared memory, no per-tap index arithmetic; see "tiled filter gradient").
 #include <algorithm>
-#include <utility>
 
 #include "cuda/common.cuh"
 
@@ -377,15 +376,14 @@ cudaError_t RunRowSeg(const ScArgs& g, DT in, DT out, const void* src, const voi
   const int tw = g.taps[2], st = g.alpha[2];
   if (!((st == 1 && (tw == 3 || tw == 5)) || (st == 2 && (tw == 3 || tw == 7)))) return cudaSuccess;
   *launched = true;
-  auto body = [&](auto tag) -> cudaError_t {
-    using T = typename decltype(tag)::first_type;
-    using TO = typename decltype(tag)::second_type;
-    if (st == 1) return tw == 3 ? LaunchRowSeg<T, TO, 3, 1>(g, src, w, bias, dst, s) : LaunchRowSeg<T, TO, 5, 1>(g, src, w, bias, dst, s);
+  return WithF32AccTypes(in, out, [&](auto t, auto to) -> cudaError_t {
+    using T = decltype(t);
+    using TO = decltype(to);
+    if (st == 1) {
+      return tw == 3 ? LaunchRowSeg<T, TO, 3, 1>(g, src, w, bias, dst, s) : LaunchRowSeg<T, TO, 5, 1>(g, src, w, bias, dst, s);
+    }
     return tw == 3 ? LaunchRowSeg<T, TO, 3, 2>(g, src, w, bias, dst, s) : LaunchRowSeg<T, TO, 7, 2>(g, src, w, bias, dst, s);
-  };
-  if (in == DT::kF32) return body(std::pair<float, float>{});
-  if (in == DT::kBF16) return out == DT::kF32 ? body(std::pair<__nv_bfloat16, float>{}) : body(std::pair<__nv_bfloat16, __nv_bfloat16>{});
-  return out == DT::kF32 ? body(std::pair<__half, float>{}) : body(std::pair<__half, __half>{});
+  });
 }
 
 // ---- stencil fast path: fwd and dgrad with alpha == delta == 1 along dims 1 and 2 (unit stride, no lhs
