@@ -38,7 +38,7 @@ CASES = {
     # c % 128 == 0 with k > 64: the Hopper filter gradient's 128x128 tiles (k = 136: a partial M tile; stride 2)
     "wgrad_wide_c128_k136": ((2, 9, 11, 128), (3, 3), "SAME", (1, 1), (1, 1), 136),
     "wgrad_wide_c256_s2": ((2, 13, 12, 256), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 128),
-    # k <= 64: the Hopper kernels' 128x64 tiles (bf16/f16), here with a partial N tile (40 of 64); so are the
+    # k <= 64: the Hopper kernels' 128x64 tiles (bf16/f16; tf32 fwd), here with a partial N tile (40 of 64); so are the
     # small cases above (fewer 128x128 tiles than an H100 has SMs). At least 132 128x128 tiles: fwd (wide_fwd)
     # and dgrad (wide_dgrad, c = 136) on the 128-wide tiles.
     "narrow_k40_c72": ((2, 15, 13, 72), (3, 3), "SAME", (1, 1), (1, 1), 40),

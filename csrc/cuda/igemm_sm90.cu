@@ -2,8 +2,8 @@
 // warp-specialised producer/consumer kernel), sm_90a only.
 //
 // Instantiations (one per op x math x tile width; f32 accumulation everywhere), all rank-3 (ConvProblemShape<op, 3>):
-//   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32; bf16/f16 with k <= 64 or fewer tiles than SMs:
-//                            128x64x64), out = operand type, fused y = act(acc + bias[k])
+//   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32; k <= 64 or fewer tiles than SMs: 128x64), out =
+//                            operand type, fused y = act(acc + bias[k])
 //   dgrad  bf16, f16         tile 128x128x64 (as fprop, with c), out = operand type, unit stride only (the sm90
 //                            collective has no strided dgrad), no bias/act
 //   wgrad  bf16, f16         tile 128x64x64 (k <= 64: 64x64x64; c % 128 == 0: 128x128x64; M = K, N = C of one
@@ -62,8 +62,9 @@ using cutlass::conv::Operator;
 // ---------------------------------------------------------------------------------------------------------------
 // Tile constants shared by the host-side plan (split-K, grid checks) and the kernel types.
 constexpr int kFwdTileM = 128, kFwdTileN = 128;  // fprop/dgrad: M = output pixels, N = output channels
-// 16-bit fprop/dgrad whose GEMM N (fprop k, dgrad c) is at most 64 use 128x64 tiles: a 128-wide tile would
-// spend half its MMAs on zero columns (ResNet's 64-channel layers). So do problems with few tiles (NarrowN).
+// fprop (bf16, f16, tf32) and 16-bit dgrad whose GEMM N (fprop k, dgrad c) is at most 64 use 128x64 tiles: a
+// 128-wide tile would spend half its MMAs on zero columns (ResNet's 64-channel layers). So do problems with few
+// tiles (NarrowN).
 constexpr int kNarrowTileN = 64;
 constexpr int kWgTileM = 128, kWgTileN = 64, kWgTileK = 64;  // wgrad: M = K, N = C (one tap), K = pixels
 constexpr int kWgNarrowTileM = 64;  // wgrad with k <= 64: a 128-row tile would spend half its MMAs on zero rows
@@ -678,7 +679,7 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
   return cudaGetLastError();
 }
 
-// Whether a 16-bit fprop/dgrad takes the 128 x kNarrowTileN tiles: GEMM N at most 64, or fewer 128x128 tiles than
+// Whether an fprop/dgrad takes the 128 x kNarrowTileN tiles: GEMM N at most 64, or fewer 128x128 tiles than
 // an H100 has SMs (ResNet-50's res5 3x3 at batch 32: 52 tiles for 132 SMs), where half-width tiles put twice as
 // many SMs to work. kPlanSms, not the device's count: Supports must not query the device.
 bool NarrowN(const IgemmProblem& pr, CudaOp op) {
@@ -790,7 +791,7 @@ bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
         return NarrowN(pr, op) ? CanImplement<FpropCfg<cutlass::half_t, kNarrowTileN>>(pr)
                                : CanImplement<FpropCfg<cutlass::half_t>>(pr);
       }
-      return CanImplement<FpropCfg<float>>(pr);
+      return NarrowN(pr, op) ? CanImplement<FpropCfg<float, kNarrowTileN>>(pr) : CanImplement<FpropCfg<float>>(pr);
     case CudaOp::kDgrad:
       if (math == IgemmMath::kBF16) {
         return NarrowN(pr, op) ? CanImplement<DgradCfg<cutlass::bfloat16_t, kNarrowTileN>>(pr)
@@ -842,7 +843,8 @@ cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
         return NarrowN(pr, op) ? RunFwdOrDgrad<FpropCfg<cutlass::half_t, kNarrowTileN>>(pr, args, stream)
                                : RunFwdOrDgrad<FpropCfg<cutlass::half_t>>(pr, args, stream);
       }
-      return RunFwdOrDgrad<FpropCfg<float>>(pr, args, stream);
+      return NarrowN(pr, op) ? RunFwdOrDgrad<FpropCfg<float, kNarrowTileN>>(pr, args, stream)
+                             : RunFwdOrDgrad<FpropCfg<float>>(pr, args, stream);
     case CudaOp::kDgrad:
       if (args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
       if (math == IgemmMath::kBF16) {
