@@ -45,6 +45,10 @@ CASES = {
     "wide_fwd": ((6, 40, 40, 64), (3, 3), "SAME", (1, 1), (1, 1), 256),
     "wide_dgrad": ((1, 96, 96, 136), (3, 3), "SAME", (1, 1), (1, 1), 64),
     "valid_5x3": ((2, 11, 12, 48), (5, 3), "VALID", (1, 1), (1, 1), 56),
+    # the TF32 data gradient with unit strides as the Hopper forward of dy with the flipped filter (c % 4 == 0,
+    # c >= 64, k * taps >= 576; also res_3x3, wide_dgrad, k264_c136): dilation, asymmetric and zero pads, 3-D
+    "flipped_dgrad_dil_asym": ((2, 17, 19, 64), (3, 3), ((2, 0), (1, 1)), (2, 1), (1, 1), 72),
+    "flipped_dgrad_3d": ((1, 4, 9, 10, 64), (3, 3, 3), ((0, 2), (1, 1), (2, 0)), (1, 1, 1), (1, 1, 1), 24),
     "conv1d": ((2, 101, 32), (5,), ((2, 2),), (1,), (1,), 24),
     "conv3d": ((1, 5, 9, 10, 16), (3, 3, 3), "SAME", (1, 1, 1), (1, 1, 1), 16),
     # input channels off the 16-byte alignment, windows of one tap and c67: zero-padded to it in the workspace

@@ -7,8 +7,9 @@
 // activation are fused into the kernels' fprop epilogues.
 // Kernel choice per call: first layers (few input channels, a window) as 1x1 problems on their unrolled window
 // (im2col_gemm.cu); 1x1 convolutions as plain GEMMs (gemm1x1_sm90.cu, no staging) on an sm_90 GPU when they
-// take the problem; else the Hopper kernels (igemm_sm90.cu) on an sm_90 GPU when they take it, else the
-// mma.sync kernels (igemm_sm80.cu), else the direct kernels (also for empty problems).
+// take the problem; else the Hopper kernels (igemm_sm90.cu) on an sm_90 GPU when they take it (the TF32 data
+// gradient with unit strides as the forward with a flipped filter), else the mma.sync kernels (igemm_sm80.cu),
+// else the direct kernels (also for empty problems).
 #include <algorithm>
 #include <atomic>
 
@@ -237,6 +238,75 @@ size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   return StagingOf(p, op, in).bytes() + KernelWorkspaceBytes(pr, op, MathFor(p, in), algo);
 }
 
+// ---- the float32 DEFAULT (TF32) data gradient with unit strides, as a Hopper forward ----
+// The Hopper kernels have no TF32 dgrad (wgmma reads TF32 operands K-major only; dgrad's filter operand is
+// MN-major), so it would run on the mma.sync kernels. With unit strides the data gradient is the forward of dy
+// with the flipped filter, output channel c and input channel k: dx[i] = sum_f dy[i - P' + f d] * w'[f] with
+// w'[c][f][k] = w[F-1-f][c][k] (already the forward's KTRSC layout) and pads P' = (win - 1) d - pads.
+
+// out[(c * F + f) * K + k] = w[((F - 1 - f) * C + c) * K + k]
+__global__ void FlippedFilterKernel(const float* __restrict__ w, float* __restrict__ out, int64_t taps, int64_t c,
+                                    int64_t k) {
+  const int64_t total = taps * c * k;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t kk = e % k, r = e / k, f = r % taps, cc = r / taps;
+    out[e] = w[((taps - 1 - f) * c + cc) * k + kk];
+  }
+}
+
+// The forward problem of the data gradient: dy (out spatial, k channels) -> dx (in spatial, c channels).
+IgemmProblem FlippedDgradProblem(const ConvParams& p) {
+  IgemmProblem pr;
+  pr.n = p.n[0];
+  pr.c = p.k[0];
+  pr.k = p.c[0];
+  for (int d = 0; d < 3; ++d) {
+    pr.in[d] = p.out[d];
+    pr.win[d] = p.win[d];
+    pr.out[d] = p.in[d];
+    pr.pad_lo[d] = (p.win[d] - 1) * p.rhs_dil[d] - p.pad_lo[d];
+    pr.pad_hi[d] = (p.win[d] - 1) * p.rhs_dil[d] - p.pad_hi[d];
+    pr.stride[d] = 1;
+    pr.dil[d] = p.rhs_dil[d];
+  }
+  return pr;
+}
+
+// cudaErrorNotSupported: not taken (nothing the caller needs was enqueued), the caller runs the dgrad kernels.
+cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DT in, DT out, int64_t algo, const void* dy, const void* w,
+                                void* dx, void* workspace, size_t workspace_bytes, cudaStream_t s) {
+  if (algo != kAlgoImplicitGemm || in != DT::kF32 || out != DT::kF32 || MathFor(p, in) != IgemmMath::kTF32 ||
+      DeviceArch() != 90 || p.c[0] % 4 != 0) {  // c % 4: the forward writes 16-byte dx rows
+    return cudaErrorNotSupported;
+  }
+  for (int d = 0; d < 3; ++d) {
+    if (p.stride[d] != 1 || (p.win[d] - 1) * p.rhs_dil[d] < std::max(p.pad_lo[d], p.pad_hi[d])) {
+      return cudaErrorNotSupported;
+    }
+  }
+  const IgemmProblem pr = FlippedDgradProblem(p);
+  if (!IgemmSm90Supports(pr, CudaOp::kFwd, IgemmMath::kTF32) || !PreferSm90(pr, CudaOp::kFwd)) {
+    return cudaErrorNotSupported;
+  }
+  const int64_t taps = SpatialCount(p.win), total = taps * p.c[0] * p.k[0];
+  const size_t fbytes = AlignUp(static_cast<size_t>(total) * 4);
+  if (workspace == nullptr || workspace_bytes < fbytes + IgemmSm90WorkspaceBytes(pr, CudaOp::kFwd, IgemmMath::kTF32)) {
+    return cudaErrorNotSupported;
+  }
+  FlippedFilterKernel<<<GridX(std::min<int64_t>(CeilDiv(total, 256), kPlanSms * 8)), 256, 0, s>>>(
+      static_cast<const float*>(w), static_cast<float*>(workspace), taps, p.c[0], p.k[0]);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  IgemmArgs args;
+  args.a = dy;
+  args.b = workspace;
+  args.out = dx;
+  args.out_type = IgemmOut::kSame;
+  args.workspace = static_cast<char*>(workspace) + fbytes;
+  args.workspace_bytes = workspace_bytes - fbytes;
+  return IgemmSm90Run(pr, CudaOp::kFwd, IgemmMath::kTF32, args, s);
+}
+
 }  // namespace
 
 // Cached per device: a handler must not synchronise (attribute queries do not).
@@ -280,6 +350,12 @@ cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64
   const bool same_out = op == CudaOp::kWgrad || out == in;
   if (!fits || !same_out || XElements(p) == 0 || YElements(p) == 0 || WElements(p) == 0) {
     return DirectFallback(p, op, in, out, a, b, bias, out_buf, s);
+  }
+  if (op == CudaOp::kDgrad) {
+    if (const cudaError_t e = TryFlippedTf32Dgrad(p, in, out, algo, a, b, out_buf, workspace, workspace_bytes, s);
+        e != cudaErrorNotSupported) {
+      return e;
+    }
   }
   const IgemmProblem pr = ToProblem(p, in);
   const IgemmMath math = MathFor(p, in);
