@@ -100,7 +100,7 @@ inline bool ImplicitGemmApplies(const ConvParams& p, ElemBytes eb) {
 // conditions a forced algorithm misses.
 inline int64_t ResolveAlgorithm(const ConvParams& p, ElemBytes eb, std::string* why) {
   switch (p.algorithm[0]) {
-    case kAlgoAuto:
+    case kAlgoAuto: {
       // Long 1-D windows keep the tiled long1d kernel; small channel counts (including c == k == 1, which
       // DepthwiseApplies also accepts) take small_channel; then depthwise; else direct.
       if (Long1DApplies(p) && p.win[2] >= 64) return kAlgoLong1D;
@@ -108,13 +108,13 @@ inline int64_t ResolveAlgorithm(const ConvParams& p, ElemBytes eb, std::string* 
       // except on tiny problems (<= 2^21 MACs: a 32x32 3 -> 64 3x3 image), where the tensor-core route's four
       // launches (unroll, GEMM, copies) cost more than the small family's one kernel (run 71: 6.9 vs 8.7 µs bf16,
       // 8.0 vs 12.7 f32 HIGHEST).
-      if (p.k[0] >= 32 && ImplicitGemmApplies(p, eb) && !(SmallChannelApplies(p) && ConvMacs(p) <= (int64_t(1) << 21))) {
-        return kAlgoImplicitGemm;
-      }
+      const bool tiny_first_layer = SmallChannelApplies(p) && ConvMacs(p) <= (int64_t(1) << 21);
+      if (p.k[0] >= 32 && ImplicitGemmApplies(p, eb) && !tiny_first_layer) return kAlgoImplicitGemm;
       if (SmallChannelApplies(p)) return kAlgoSmallChannel;
       if (DepthwiseApplies(p)) return kAlgoDepthwise;
       if (ImplicitGemmApplies(p, eb)) return kAlgoImplicitGemm;
       return kAlgoDirect;
+    }
     case kAlgoDirect: return kAlgoDirect;
     case kAlgoDepthwise:
       if (DepthwiseApplies(p)) return kAlgoDepthwise;

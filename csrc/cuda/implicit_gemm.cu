@@ -273,7 +273,8 @@ IgemmProblem FlippedDgradProblem(const ConvParams& p) {
   return pr;
 }
 
-// cudaErrorNotSupported: not taken (nothing the caller needs was enqueued), the caller runs the dgrad kernels.
+// cudaErrorNotSupported: not taken, the caller runs the dgrad kernels (the flipped filter may have been written to
+// the workspace by then; the caller's staging overwrites it).
 cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DT in, DT out, int64_t algo, const void* dy, const void* w,
                                 void* dx, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   if (algo != kAlgoImplicitGemm || in != DT::kF32 || out != DT::kF32 || MathFor(p, in) != IgemmMath::kTF32 ||
@@ -291,7 +292,8 @@ cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DT in, DT out, int64_t algo
   }
   const int64_t taps = SpatialCount(p.win), total = taps * p.c[0] * p.k[0];
   const size_t fbytes = AlignUp(static_cast<size_t>(total) * 4);
-  if (workspace == nullptr || workspace_bytes < fbytes + IgemmSm90WorkspaceBytes(pr, CudaOp::kFwd, IgemmMath::kTF32)) {
+  const size_t kernel_ws = IgemmSm90WorkspaceBytes(pr, CudaOp::kFwd, IgemmMath::kTF32);
+  if (workspace == nullptr || workspace_bytes < fbytes + kernel_ws) {
     return cudaErrorNotSupported;
   }
   FlippedFilterKernel<<<GridX(std::min<int64_t>(CeilDiv(total, 256), kPlanSms * 8)), 256, 0, s>>>(

@@ -245,9 +245,9 @@ cudaError_t RunGather(const ScArgs& g, DT in, DT out, const void* src, const voi
 }
 
 // ---- row-segment kernel: forward with a warp-uniform filter (first layers, the tutorial's 1 -> 16) ----
-// A thread computes P (8, 4 or 2) consecutive output pixels of one row, 8 output channels each (acc[P][8]). Per window row
-// and input channel it loads the row segment its P pixels read, (P - 1) * S + T values (stride S, T taps along
-// W, no W-dilation), once, and reuses it over the T taps: per (row, channel) P*S + T - S source loads and T
+// A thread computes P (8, 4 or 2) consecutive output pixels of one row, 8 output channels each (acc[P][8]). Per
+// window row and input channel it loads the row segment its P pixels read, (P - 1) * S + T values (stride S,
+// T taps along W, no W-dilation), once, and reuses it over the T taps: per (row, channel) P*S + T - S source loads and T
 // filter vectors feed T * P * 8 FMAs. The 32 lanes of a warp take consecutive pixel groups (possibly spanning
 // rows: narrow images keep every lane busy) and the same 8 channels, so every filter vector is one
 // warp-uniform load. No shared memory and no barrier: small grids (batch 1, 28x28 images) start computing at
@@ -371,7 +371,9 @@ cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const 
 cudaError_t RunRowSeg(const ScArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
                       cudaStream_t s, bool* launched) {
   *launched = false;
-  if (in == DT::kF64 || g.cout % kRsKg != 0 || g.wCo != 1 || g.sS[2] != g.cin || g.dS[2] != g.cout) return cudaSuccess;
+  if (in == DT::kF64 || g.cout % kRsKg != 0 || g.wCo != 1 || g.sS[2] != g.cin || g.dS[2] != g.cout) {
+    return cudaSuccess;
+  }
   if (g.gamma[2] != 1 || g.delta[2] != 1 || !Aligned16(w) || !Aligned16(dst)) return cudaSuccess;
   const int tw = g.taps[2], st = g.alpha[2];
   if (!((st == 1 && (tw == 3 || tw == 5)) || (st == 2 && (tw == 3 || tw == 7)))) return cudaSuccess;
@@ -379,10 +381,10 @@ cudaError_t RunRowSeg(const ScArgs& g, DT in, DT out, const void* src, const voi
   return WithF32AccTypes(in, out, [&](auto t, auto to) -> cudaError_t {
     using T = decltype(t);
     using TO = decltype(to);
-    if (st == 1) {
-      return tw == 3 ? LaunchRowSeg<T, TO, 3, 1>(g, src, w, bias, dst, s) : LaunchRowSeg<T, TO, 5, 1>(g, src, w, bias, dst, s);
-    }
-    return tw == 3 ? LaunchRowSeg<T, TO, 3, 2>(g, src, w, bias, dst, s) : LaunchRowSeg<T, TO, 7, 2>(g, src, w, bias, dst, s);
+    if (st == 1 && tw == 3) return LaunchRowSeg<T, TO, 3, 1>(g, src, w, bias, dst, s);
+    if (st == 1) return LaunchRowSeg<T, TO, 5, 1>(g, src, w, bias, dst, s);
+    if (tw == 3) return LaunchRowSeg<T, TO, 3, 2>(g, src, w, bias, dst, s);
+    return LaunchRowSeg<T, TO, 7, 2>(g, src, w, bias, dst, s);
   });
 }
 
