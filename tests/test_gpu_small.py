@@ -1,14 +1,16 @@
 """GPU checks of the small-channel family (algorithm="small"), aimed at its stencil fast path (csrc/cuda/
-small_channel.cu): unit stride and no lhs dilation along H and W, H-dilation 1/2/4/8, channel buckets
-(c, k) in {(1, 1), (1, <=4), (1, <=16), (<=4, 1), (<=4, <=4), (<=16, 1)}, tiles of 8R x 32P outputs
-(1->1: 64 x 128, or 64 x 64 below 264 such tiles; 1->k<=4, c<=4: 32 x 64; 16->1: 32 x 32; 1->16: 16 x 32). Sizes on, one over and under
-the tiles, odd and prime sizes, symmetric, asymmetric and negative pads, VALID, batch > 1, 3-D (dim 0 is
-general: stride and dilation there), fused bias + activation, f32 outputs of half inputs, every dtype, and
-the data / filter gradients (dgrad with stride 1 takes the same stencil with a flipped filter). Cases the
-stencil does not take (fewer than 8 output rows or columns, H-dilation 3, stride 2, k > 16) check the gather
-kernel, including its 64-channel bucket split over 4 threads (k = 20, 33, 64). The one-output-channel kernels
-of plane_stencil.cu come first: c == k == 1 with W % 8 == 0 and "same" column padding (register stencil, all
-three ops) and the c -> 1 3x3 forward (also reached from the direct family for c > 16).
+small_channel.cu): unit stride and no lhs dilation along H and W, H-dilation 1/2/4/8, channel buckets (c, k) in
+{(1, 1), (1, <=4), (1, <=16), (<=4, 1), (<=4, <=4), (<=16, 1)}, tiles of 8R x 32P outputs (1->1: 64 x 128, or 64 x
+64 below 264 such tiles; 1->k<=4, c<=4: 32 x 64; 16->1: 32 x 32; 1->16: 16 x 32). Sizes on, one over and under the
+tiles, odd and prime sizes, symmetric, asymmetric and negative pads, VALID, batch > 1, 3-D (dim 0 is general:
+stride and dilation there), fused bias + activation, f32 outputs of half inputs, every dtype, and the data / filter
+gradients (dgrad with stride 1 takes the same stencil with a flipped filter). Cases the stencil does not take
+(fewer than 8 output rows or columns, H-dilation 3, stride 2, k > 16) check the gather kernel, including its
+64-channel bucket split over 4 threads (k = 20, 33). The forward with k % 8 == 0 and 3/5 W taps at W stride 1 or
+3/7 at stride 2 takes the row-segment kernel first (the rs_ cases: each pixels-per-thread plan, narrow rows,
+H-dilation, 3-D, the stem at batch 1). The one-output-channel kernels of plane_stencil.cu come first: c == k == 1
+with W % 8 == 0 and "same" column padding (register stencil, all three ops) and the c -> 1 3x3 forward (also
+reached from the direct family for c > 16).
 Skipped cleanly without CUDA."""
 
 from __future__ import annotations
