@@ -211,6 +211,10 @@ inline size_t AccBytes(DT in) { return in == DT::kF64 ? 8 : 4; }
 // count, whatever GPU runs them: the plan fixes the workspace size, which XLA must know at compile time
 // (WorkspaceBytes), so it may depend on the problem alone.
 inline constexpr int64_t kPlanSms = 132;
+// The register-stencil kernels (plane_stencil.cu, depthwise_reg.cu, small_channel.cu's row-segment kernel) give
+// a thread more outputs only while that leaves at least this many warps, 16 per SM: below it the small grids are
+// latency bound.
+inline constexpr int64_t kBusyWarps = 16 * kPlanSms;
 
 }  // namespace cuda
 }  // namespace jaxconv

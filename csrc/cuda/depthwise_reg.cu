@@ -119,9 +119,9 @@ DwRegArgs MakeArgs(const ConvParams& p, int64_t src_rows, int64_t src_cols, int6
   return a;
 }
 
-// Destination rows per thread: 4, or 2 when 4 would leave fewer than 16 warps per SM (H100 count).
+// Destination rows per thread: 4, or 2 when 4 would leave fewer than kBusyWarps warps.
 int RowsPerThread(const ConvParams& p, int64_t dst_rows, int64_t dst_cols) {
-  return MakeArgs(p, 1, 1, dst_rows, dst_cols, 0, 0, 4).threads < 16 * 32 * kPlanSms ? 2 : 4;
+  return MakeArgs(p, 1, 1, dst_rows, dst_cols, 0, 0, 4).threads < 32 * kBusyWarps ? 2 : 4;
 }
 
 template <bool FLIP>

@@ -302,8 +302,8 @@ cudaError_t LaunchFwd(const ConvParams& p, int64_t src_rows, int64_t dst_rows, i
 }
 
 int RowsPerWarp(const ConvParams& p, int64_t dst_rows) {
-  // At least 16 warps per SM at 4 rows, else 2 rows.
-  return MakeArgs(p, dst_rows, dst_rows, 0, 4).warps < 16 * kPlanSms ? 2 : 4;
+  // At least kBusyWarps at 4 rows, else 2 rows.
+  return MakeArgs(p, dst_rows, dst_rows, 0, 4).warps < kBusyWarps ? 2 : 4;
 }
 
 // ---- c -> 1 forward (k == 1, channels-last, 2 <= c): y[y, x] = act(bias + sum_{r,s,ch} w[r, s, ch] x[.., ch]) ----
@@ -412,7 +412,7 @@ template <class T, class TO, int VC>
 cudaError_t LaunchReduce(const ConvParams& p, const void* x, const void* w, const void* bias, void* y, cudaStream_t s) {
   auto with_g = [&](auto gl) {
     constexpr int G = decltype(gl)::value;
-    const int th = MakeReduceArgs(p, G, 4).warps < 16 * kPlanSms ? 2 : 4;
+    const int th = MakeReduceArgs(p, G, 4).warps < kBusyWarps ? 2 : 4;
     return WithRows(th, [&](auto thc) {
       constexpr int TH = decltype(thc)::value;
       const ReduceArgs a = MakeReduceArgs(p, G, TH);

@@ -341,17 +341,16 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
   }
 }
 
-// Pixels per thread: the most of 8, 4, 2 that gives at least kRsWarps warps (16 per SM), else 2: small grids are
-// latency bound (run 70's profile of the 28x28 tutorial at 4 pixels: 6 warps per SM, 9.5 cycles per instruction).
-// 8 only for rows of 16+ pixels (narrow rows would idle most of a thread's pixels).
-constexpr int64_t kRsWarps = 16 * kPlanSms;
+// Pixels per thread: the most of 8, 4, 2 that gives at least kBusyWarps warps, else 2: small grids are latency
+// bound (run 70's profile of the 28x28 tutorial at 4 pixels: 6 warps per SM, 9.5 cycles per instruction). 8 only
+// for rows of 16+ pixels (narrow rows would idle most of a thread's pixels).
 
 template <class T, class TO, int TW, int S>
 cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const void* bias, void* dst,
                          cudaStream_t s) {
   const int64_t rows = g.n * g.tsp[0] * g.tsp[1], groups = g.cout / kRsKg;
   auto warps_of = [&](int pp) { return CeilDiv(rows * CeilDiv(g.tsp[2], pp), 32) * groups; };
-  const int pp = g.tsp[2] >= 16 && warps_of(8) >= kRsWarps ? 8 : warps_of(4) >= kRsWarps ? 4 : 2;
+  const int pp = g.tsp[2] >= 16 && warps_of(8) >= kBusyWarps ? 8 : warps_of(4) >= kBusyWarps ? 4 : 2;
   const int ncg = static_cast<int>(CeilDiv(g.tsp[2], pp));
   const int64_t warps = warps_of(pp);
   if (warps <= 0) return cudaSuccess;
