@@ -291,7 +291,7 @@ cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DT in, DT out, int64_t algo
     return cudaErrorNotSupported;
   }
   const int64_t taps = SpatialCount(p.win), total = taps * p.c[0] * p.k[0];
-  const size_t fbytes = AlignUp(static_cast<size_t>(total) * 4);
+  const size_t fbytes = StagingOf(p, CudaOp::kDgrad, in).filter;  // the staged filter's slot (c % 4 == 0: unpadded)
   const size_t kernel_ws = IgemmSm90WorkspaceBytes(pr, CudaOp::kFwd, IgemmMath::kTF32);
   if (workspace == nullptr || workspace_bytes < fbytes + kernel_ws) {
     return cudaErrorNotSupported;
