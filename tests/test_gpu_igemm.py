@@ -69,14 +69,16 @@ CASES = {
     "c7_7x7_wide_patch": ((1, 12, 100, 7), (7, 7), "SAME", (1, 1), (1, 1), 16),
     # 17 images of 6400 output pixels: more than one chunk of unrolled windows (32 MB each), a short last chunk
     "c3_chunks": ((17, 160, 160, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 16),
-    # 1x1 stride 1: plain GEMMs on the Hopper (gemm1x1_sm90.cu, 16-bit operands), odd M (pixels), c/k over and
-    # under the 128 tiles; 1x1_gemm_split's M = 97*101 makes the filter gradient split over M with a tail range.
+    # 1x1 stride 1: plain GEMMs on the Hopper (gemm1x1_sm90.cu: 16-bit operands, and float32 at DEFAULT as TF32),
+    # odd M (pixels), c/k over and under the 128 tiles; 1x1_gemm_split's M = 97*101 makes the filter gradient
+    # split over M with a tail range; c36_k44: 16-byte rows for float32 only (bf16/f16 take the conv kernels).
     "1x1_gemm_c64_k256": ((3, 7, 9, 64), (1, 1), "VALID", (1, 1), (1, 1), 256),
     "1x1_gemm_c256_k64": ((2, 13, 11, 256), (1, 1), "VALID", (1, 1), (1, 1), 64),
     "1x1_gemm_c520_k136": ((1, 5, 5, 520), (1, 1), "VALID", (1, 1), (1, 1), 136),
     "1x1_gemm_split": ((1, 97, 101, 64), (1, 1), "VALID", (1, 1), (1, 1), 128),
     # GEMM N <= 64 (fwd/wgrad k, dgrad c): 64-wide tiles, here partial (40 of 64)
     "1x1_gemm_c72_k40": ((2, 9, 11, 72), (1, 1), "VALID", (1, 1), (1, 1), 40),
+    "1x1_gemm_c36_k44": ((2, 11, 7, 36), (1, 1), "VALID", (1, 1), (1, 1), 44),
 }
 ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
 # dtype name -> (operand dtype, precision, tolerance)
@@ -146,11 +148,12 @@ def test_igemm_bias_activation(act, rng):
 
 
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("math", ["bf16", "f16", "tf32"])
 @pytest.mark.parametrize("name", ["1x1_gemm", "first_layer"])
-def test_igemm_gemm_bias_activation(name, act, dtype, rng):
-  """The GEMM routes' fused epilogue, y = act(x @ w + b) per output channel, with 16-bit operands: 1x1 layers
-  and first layers (the unrolled window, im2col_gemm.cu)."""
+def test_igemm_gemm_bias_activation(name, act, math, rng):
+  """The GEMM routes' fused epilogue, y = act(x @ w + b) per output channel, with 16-bit and TF32 operands: 1x1
+  layers and first layers (the unrolled window, im2col_gemm.cu)."""
+  dtype, precision, tol = MATHS[math]
   shape, win, stride, padding, k = {
       "1x1_gemm": ((2, 13, 11, 256), (1, 1), (1, 1), "VALID", 136),
       "first_layer": ((2, 29, 31, 3), (7, 7), (2, 2), ((3, 3), (3, 3)), 64),
@@ -160,12 +163,12 @@ def test_igemm_gemm_bias_activation(name, act, dtype, rng):
     w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), dtype))
     b = cu.to_gpu(cu.randn(rng, (k,), dtype))
     y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, activation=act,
-                                  algorithm="implicit_gemm"))(x, w, b)
+                                  algorithm="implicit_gemm", precision=precision))(x, w, b)
     y = np.asarray(y)
   ref = cu.activation_ref(
       cu.ref_conv(np.asarray(x), np.asarray(w),
                   **cu.channels_last_lax_kw(2, stride, padding, (1, 1))) + cu.f64(np.asarray(b)), act)
-  cu.assert_close(y, ref, MATHS["bf16"][2], f"act={act} {dtype}")
+  cu.assert_close(y, ref, tol, f"act={act} {math}")
 
 
 def test_igemm_first_layer_deterministic(rng):

@@ -2,12 +2,15 @@
 // two consumer warpgroups, persistent tile scheduler) directly on jaxconv's channels-last buffers, no staging.
 //
 //   x (M, C), w (C, K), y / dy (M, K), dx (M, C), dw (C, K), all row-major, M = N*D*H*W.
-//   fwd    y  = act(x @ w + bias)   A = x  RowMajor (K-major), B = w RowMajor (N-major)       pingpong 128x128x64
-//   dgrad  dx = dy @ w^T            A = dy RowMajor (K-major), B = w ColumnMajor (K-major)    pingpong 128x128x64
-//   wgrad  dw = x^T @ dy            A = x ColumnMajor (M-major), B = dy RowMajor (N-major)    cooperative 128x128x64
-// Instantiations: those three x {bf16, f16} x {128, 64}-wide N tiles (64 when the GEMM's N is at most 64), f32
-// accumulation, cluster 1x1x1 (the filter operand is small and L2-resident, so multicast buys little, and odd M
-// tails cost nothing extra).
+//   fwd    y  = act(x @ w + bias)   A = x  RowMajor (K-major), B = w RowMajor (N-major)       pingpong 128x128
+//   dgrad  dx = dy @ w^T            A = dy RowMajor (K-major), B = w ColumnMajor (K-major)    pingpong 128x128
+//   wgrad  dw = x^T @ dy            A = x ColumnMajor (M-major), B = dy RowMajor (N-major)    cooperative 128x128
+// Instantiations: those three x {bf16, f16, float as TF32} x {128, 64}-wide N tiles (64 when the GEMM's N is at
+// most 64); the K tile is 128 bytes of operand (64 16-bit values, 32 floats); f32 accumulation; cluster 1x1x1
+// (the filter operand is small and L2-resident, so multicast buys little, and odd M tails cost nothing extra).
+// TF32 (float32 at DEFAULT precision, as lax) reads f32 operands; wgmma takes TF32 only K-major from shared
+// memory, so CUTLASS's builder routes the MN-major operands through registers (fwd: A and B swapped, w loaded
+// into registers; wgrad: x through registers, dy transposed in shared memory). No global staging either way.
 // wgrad's reduction (M pixels) is long while C x K is small: a deterministic split over M. The pixels are cut
 // into `splits` equal ranges of `per` pixels, run as one batched GEMM (L = splits, each batch writes its own f32
 // slice of the workspace), plus, when splits does not divide M, one more GEMM over the last M - splits*per
@@ -48,7 +51,7 @@ namespace cuda {
 #if JAXCONV_GEMM1X1_KERNELS
 namespace {
 
-constexpr int64_t kTileM = 128, kTileN = 128, kTileK = 64;
+constexpr int64_t kTileM = 128, kTileN = 128;
 // GEMMs whose N (fwd and wgrad k, dgrad c) is at most 64 use 128x64 tiles: a 128-wide tile would spend half
 // its MMAs on zero columns (ResNet's 64-channel layers, first layers' k = 64).
 constexpr int64_t kNarrowTileN = 64;
@@ -64,9 +67,11 @@ struct Dims {
 };
 Dims DimsOf(const ConvParams& p) { return {p.n[0] * SpatialCount(p.in), p.c[0], p.k[0]}; }
 
-// Everything but the kernels' own can_implement.
+// Everything but the kernels' own can_implement. float32 runs here only as TF32 (DEFAULT precision, as lax);
+// HIGH and HIGHEST take the conv kernels' 3xTF32.
 bool BasicSupports(const ConvParams& p, CudaOp op, DT in, DT out) {
-  if (in != DT::kBF16 && in != DT::kF16) return false;
+  const bool tf32 = in == DT::kF32 && p.precision[0] == kPrecisionDefault;
+  if (in != DT::kBF16 && in != DT::kF16 && !tf32) return false;
   if (op == CudaOp::kWgrad ? (out != in && out != DT::kF32) : out != in) return false;
   if (p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
   for (int d = 0; d < 3; ++d) {
@@ -75,7 +80,8 @@ bool BasicSupports(const ConvParams& p, CudaOp op, DT in, DT out) {
   }
   if (op == CudaOp::kFwd && (p.activation[0] < kActNone || p.activation[0] > kActSilu)) return false;
   const Dims g = DimsOf(p);
-  if (p.n[0] < 1 || g.c < 1 || g.k < 1 || g.c % 8 != 0 || g.k % 8 != 0) return false;  // 16-byte TMA rows
+  const int64_t vec = in == DT::kF32 ? 4 : 8;  // 16-byte TMA rows
+  if (p.n[0] < 1 || g.c < 1 || g.k < 1 || g.c % vec != 0 || g.k % vec != 0) return false;
   // CUTLASS's problem shape is int; TMA coordinates are int32 per mode.
   if (g.m > INT32_MAX || g.c > INT32_MAX || g.k > INT32_MAX) return false;
   if (g.c > kMaxElems / g.m || g.k > kMaxElems / g.m || g.c > kMaxElems / g.k) return false;
@@ -83,14 +89,15 @@ bool BasicSupports(const ConvParams& p, CudaOp op, DT in, DT out) {
 }
 
 // wgrad's split of the M pixels: `splits` ranges of `per` pixels (one batched GEMM) and `rem` = M - splits*per
-// more (one extra GEMM when > 0), so slices() f32 partial (C, K) sums. Estimated time in units of one k tile of
-// MMA on one SM: waves * (k tiles per split + per-tile overhead) + partial-sum traffic + the tail GEMM.
+// more (one extra GEMM when > 0), so slices() f32 partial (C, K) sums. Estimated time in units of one k tile
+// (tile_k pixels) of MMA on one SM: waves * (k tiles per split + per-tile overhead) + partial-sum traffic + the
+// tail GEMM.
 struct WgradPlan {
   int64_t splits = 1, per = 1, rem = 0;
   int64_t slices() const { return splits + (rem > 0 ? 1 : 0); }
 };
 
-WgradPlan PlanWgrad(const Dims& g) {
+WgradPlan PlanWgrad(const Dims& g, int64_t tile_k) {
   const int64_t tiles_mn = CeilDiv(g.c, kTileM) * CeilDiv(g.k, g.k <= kNarrowTileN ? kNarrowTileN : kTileN);
   const int64_t slice_bytes = g.c * g.k * int64_t(sizeof(float));
   constexpr double kTileOverhead = 4.0;    // pipeline fill + epilogue, in k tiles
@@ -98,15 +105,15 @@ WgradPlan PlanWgrad(const Dims& g) {
   constexpr double kTailLaunch = 6.0;      // the extra GEMM launch
   WgradPlan best;
   best.per = g.m;
-  double best_cost = double(CeilDiv(tiles_mn, kPlanSms)) * (double(CeilDiv(g.m, kTileK)) + kTileOverhead);
+  double best_cost = double(CeilDiv(tiles_mn, kPlanSms)) * (double(CeilDiv(g.m, tile_k)) + kTileOverhead);
   const int64_t max_s = std::min<int64_t>(kMaxSplits, g.m);
   for (int64_t s = 2; s <= max_s; ++s) {
     const int64_t per = g.m / s, rem = g.m - s * per;
     const int64_t slices = s + (rem > 0 ? 1 : 0);
     if (slices * slice_bytes > kMaxSplitWorkspace) break;
-    double cost = double(CeilDiv(tiles_mn * s, kPlanSms)) * (double(CeilDiv(per, kTileK)) + kTileOverhead) +
+    double cost = double(CeilDiv(tiles_mn * s, kPlanSms)) * (double(CeilDiv(per, tile_k)) + kTileOverhead) +
                   double(slices) * double(g.c * g.k) * kPerPartial;
-    if (rem > 0) cost += double(CeilDiv(tiles_mn, kPlanSms)) * (double(CeilDiv(rem, kTileK)) + kTileOverhead) +
+    if (rem > 0) cost += double(CeilDiv(tiles_mn, kPlanSms)) * (double(CeilDiv(rem, tile_k)) + kTileOverhead) +
                          kTailLaunch;
     if (cost < best_cost) {
       best_cost = cost;
@@ -118,8 +125,8 @@ WgradPlan PlanWgrad(const Dims& g) {
   return best;
 }
 
-size_t WgradPartialBytes(const Dims& g) {
-  return AlignUp(static_cast<size_t>(PlanWgrad(g).slices() * g.c * g.k) * sizeof(float));
+size_t WgradPartialBytes(const Dims& g, int64_t tile_k) {
+  return AlignUp(static_cast<size_t>(PlanWgrad(g, tile_k).slices() * g.c * g.k) * sizeof(float));
 }
 
 // Whether the op's GEMM N (fwd and wgrad k, dgrad c) takes the kNarrowTileN-wide tiles.
@@ -136,11 +143,17 @@ template <class T>
 constexpr int Align16B() {
   return 128 / cutlass::sizeof_bits<T>::value;
 }
+// The K tile: 128-byte operand rows (the 128-byte swizzle), 64 16-bit values or 32 floats.
+template <class T>
+constexpr int TileK() {
+  return 8 * Align16B<T>();
+}
 
-// One GEMM type: operands T with layouts LA, LB, output TD (RowMajor M x N), f32 accumulation, no C operand.
+// One GEMM type: operands T (float: TF32 MMAs) with layouts LA, LB, output TD (RowMajor M x N), f32
+// accumulation, no C operand.
 template <class T, int TN, class LA, class LB, class TD, class MainSchedule, class EpiSchedule, class Fusion>
 struct GemmCfg {
-  using Tile = Shape<Int<kTileM>, Int<TN>, Int<kTileK>>;
+  using Tile = Shape<Int<kTileM>, Int<TN>, Int<TileK<T>()>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, RowMajor, Align16B<TD>(), TD, RowMajor,
@@ -263,7 +276,7 @@ size_t KernelWorkspace(const Dims& g, CudaOp op) {
     case CudaOp::kFwd: return FwdGemm<T, TN>::get_workspace_size(FwdArgs<T, TN>(g, nullptr, nullptr, nullptr, 0, nullptr));
     case CudaOp::kDgrad: return DgradGemm<T, TN>::get_workspace_size(DgradArgs<T, TN>(g, nullptr, nullptr, nullptr));
     default: {
-      const WgradPlan pl = PlanWgrad(g);
+      const WgradPlan pl = PlanWgrad(g, TileK<T>());
       size_t b = WgradGemm<T, TN>::get_workspace_size(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr));
       if (pl.rem > 0) {
         b = std::max(b, WgradGemm<T, TN>::get_workspace_size(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
@@ -279,7 +292,7 @@ bool KernelsImplement(const Dims& g, CudaOp op) {
     case CudaOp::kFwd: return CanImplement<FwdGemm<T, TN>>(FwdArgs<T, TN>(g, nullptr, nullptr, nullptr, 0, nullptr));
     case CudaOp::kDgrad: return CanImplement<DgradGemm<T, TN>>(DgradArgs<T, TN>(g, nullptr, nullptr, nullptr));
     default: {
-      const WgradPlan pl = PlanWgrad(g);
+      const WgradPlan pl = PlanWgrad(g, TileK<T>());
       return CanImplement<WgradGemm<T, TN>>(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr)) &&
              (pl.rem == 0 || CanImplement<WgradGemm<T, TN>>(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
     }
@@ -291,7 +304,7 @@ template <class T, int TN>
 cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b, const void* bias,
                      void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   const Dims g = DimsOf(p);
-  const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g) : 0;
+  const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>()) : 0;
   const size_t need = partial + AlignUp(KernelWorkspace<T, TN>(g, op));
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) return cudaErrorInvalidValue;
   char* kernel_ws = static_cast<char*>(workspace) + partial;
@@ -307,7 +320,7 @@ cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* 
       return Launch<DgradGemm<T, TN>>(args, kernel_ws, s);
     }
     default: {
-      const WgradPlan pl = PlanWgrad(g);
+      const WgradPlan pl = PlanWgrad(g, TileK<T>());
       float* slices = static_cast<float*>(workspace);
       const auto main_args = WgradArgs<T, TN>(g, a, b, 0, pl.per, pl.splits, slices);
       const auto tail_args =
@@ -322,19 +335,35 @@ cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* 
     }
   }
 }
+// The kernels of one problem: operand type and N tile width, as types.
+template <class T, int TN>
+struct Variant {
+  using Type = T;
+  static constexpr int kN = TN;
+};
+
+// Calls f(Variant<T, TN>{}) with the problem's operand type (bf16, f16, float as TF32) and N tile width.
+template <class F>
+auto WithVariant(const ConvParams& p, CudaOp op, DT in, F&& f) {
+  const bool narrow = NarrowN(DimsOf(p), op);
+  switch (in) {
+    case DT::kBF16:
+      return narrow ? f(Variant<cutlass::bfloat16_t, kNarrowTileN>{}) : f(Variant<cutlass::bfloat16_t, kTileN>{});
+    case DT::kF16:
+      return narrow ? f(Variant<cutlass::half_t, kNarrowTileN>{}) : f(Variant<cutlass::half_t, kTileN>{});
+    default:
+      return narrow ? f(Variant<float, kNarrowTileN>{}) : f(Variant<float, kTileN>{});
+  }
+}
 }  // namespace
 #endif  // JAXCONV_GEMM1X1_KERNELS
 
 bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out) {
 #if JAXCONV_GEMM1X1_KERNELS
   if (!BasicSupports(p, op, in, out)) return false;
-  const Dims g = DimsOf(p);
-  if (NarrowN(g, op)) {
-    return in == DT::kBF16 ? KernelsImplement<cutlass::bfloat16_t, kNarrowTileN>(g, op)
-                           : KernelsImplement<cutlass::half_t, kNarrowTileN>(g, op);
-  }
-  return in == DT::kBF16 ? KernelsImplement<cutlass::bfloat16_t, kTileN>(g, op)
-                         : KernelsImplement<cutlass::half_t, kTileN>(g, op);
+  return WithVariant(p, op, in, [&](auto v) {
+    return KernelsImplement<typename decltype(v)::Type, decltype(v)::kN>(DimsOf(p), op);
+  });
 #else
   (void)p, (void)op, (void)in, (void)out;
   return false;
@@ -344,14 +373,12 @@ bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out) {
 size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out) {
 #if JAXCONV_GEMM1X1_KERNELS
   if (!Gemm1x1Sm90Supports(p, op, in, out)) return 0;
-  const Dims g = DimsOf(p);
-  const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g) : 0;
-  const bool narrow = NarrowN(g, op);
-  const size_t kernel = in == DT::kBF16 ? (narrow ? KernelWorkspace<cutlass::bfloat16_t, kNarrowTileN>(g, op)
-                                                  : KernelWorkspace<cutlass::bfloat16_t, kTileN>(g, op))
-                                        : (narrow ? KernelWorkspace<cutlass::half_t, kNarrowTileN>(g, op)
-                                                  : KernelWorkspace<cutlass::half_t, kTileN>(g, op));
-  return partial + AlignUp(kernel);
+  return WithVariant(p, op, in, [&](auto v) {
+    using T = typename decltype(v)::Type;
+    const Dims g = DimsOf(p);
+    const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>()) : 0;
+    return partial + AlignUp(KernelWorkspace<T, decltype(v)::kN>(g, op));
+  });
 #else
   (void)p, (void)op, (void)in, (void)out;
   return 0;
@@ -367,16 +394,10 @@ cudaError_t Gemm1x1Sm90Run(const ConvParams& p, CudaOp op, DT in, DT out, const 
   if (!Aligned16(a) || !Aligned16(b) || !Aligned16(out_buf)) return cudaErrorNotSupported;
   if (op == CudaOp::kFwd && p.has_bias[0] && (bias == nullptr || !Aligned16(bias))) return cudaErrorNotSupported;
   if (workspace != nullptr && !Aligned16(workspace)) return cudaErrorNotSupported;
-  const bool narrow = NarrowN(DimsOf(p), op);
-  if (in == DT::kBF16) {
-    return narrow ? RunTyped<cutlass::bfloat16_t, kNarrowTileN>(p, op, in, out, a, b, bias, out_buf, workspace,
-                                                               workspace_bytes, s)
-                  : RunTyped<cutlass::bfloat16_t, kTileN>(p, op, in, out, a, b, bias, out_buf, workspace,
-                                                         workspace_bytes, s);
-  }
-  return narrow ? RunTyped<cutlass::half_t, kNarrowTileN>(p, op, in, out, a, b, bias, out_buf, workspace,
-                                                         workspace_bytes, s)
-                : RunTyped<cutlass::half_t, kTileN>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+  return WithVariant(p, op, in, [&](auto v) {
+    return RunTyped<typename decltype(v)::Type, decltype(v)::kN>(p, op, in, out, a, b, bias, out_buf, workspace,
+                                                                workspace_bytes, s);
+  });
 #else
   (void)p, (void)op, (void)in, (void)out, (void)a, (void)b, (void)bias, (void)out_buf, (void)workspace;
   (void)workspace_bytes, (void)s;

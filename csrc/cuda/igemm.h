@@ -79,7 +79,8 @@ cudaError_t IgemmSm80Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
 // 1x1 convolutions (window 1 in every dim, stride 1, no padding, dilation 1, groups 1, channels-last) as GEMMs on
 // jaxconv's own layouts: x (M = N*D*H*W, C) row-major, w (C, K) row-major (the channels-last filter with T=R=S=1),
 // y / dy (M, K) row-major, dx (M, C), dw (C, K). No staging: the kernels read and write the caller's buffers.
-// Operands bf16 or f16; fwd/dgrad results in the operand dtype, wgrad's in the operand dtype or f32. fwd fuses
+// Operands bf16, f16, or f32 as TF32 (DEFAULT precision only); fwd/dgrad results in the operand dtype, wgrad's
+// in the operand dtype or f32. fwd fuses
 // y = act(acc + bias[k]) (bias used when p.has_bias). wgrad is split over M deterministically (f32 partial sums in
 // the workspace, reduced in a fixed order). Same contract as the Igemm* functions above (Supports pure host
 // code, WorkspaceBytes a function of the problem alone; Run enqueues only: cudaErrorNotSupported with nothing
