@@ -71,14 +71,14 @@ CASES = {
     "c3_chunks": ((17, 160, 160, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 16),
     # 1x1 stride 1: plain GEMMs on the Hopper (gemm1x1_sm90.cu: 16-bit operands, and float32 at DEFAULT as TF32),
     # odd M (pixels), c/k over and under the 128 tiles; 1x1_gemm_split's M = 97*101 makes the filter gradient
-    # split over M with a tail range; c36_k44: 16-byte rows for float32 only (bf16/f16 take the conv kernels).
+    # split over M with a tail range; c36_k48: 16-byte rows for float32 only (bf16/f16 take the conv kernels).
     "1x1_gemm_c64_k256": ((3, 7, 9, 64), (1, 1), "VALID", (1, 1), (1, 1), 256),
     "1x1_gemm_c256_k64": ((2, 13, 11, 256), (1, 1), "VALID", (1, 1), (1, 1), 64),
     "1x1_gemm_c520_k136": ((1, 5, 5, 520), (1, 1), "VALID", (1, 1), (1, 1), 136),
     "1x1_gemm_split": ((1, 97, 101, 64), (1, 1), "VALID", (1, 1), (1, 1), 128),
     # GEMM N <= 64 (fwd/wgrad k, dgrad c): 64-wide tiles, here partial (40 of 64)
     "1x1_gemm_c72_k40": ((2, 9, 11, 72), (1, 1), "VALID", (1, 1), (1, 1), 40),
-    "1x1_gemm_c36_k44": ((2, 11, 7, 36), (1, 1), "VALID", (1, 1), (1, 1), 44),
+    "1x1_gemm_c36_k48": ((2, 11, 7, 36), (1, 1), "VALID", (1, 1), (1, 1), 48),
 }
 ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
 # dtype name -> (operand dtype, precision, tolerance)

@@ -3,14 +3,17 @@
 //
 //   x (M, C), w (C, K), y / dy (M, K), dx (M, C), dw (C, K), all row-major, M = N*D*H*W.
 //   fwd    y  = act(x @ w + bias)   A = x  RowMajor (K-major), B = w RowMajor (N-major)       pingpong 128x128
+//          TF32: B = w^T (K, C) ColumnMajor (K-major), transposed by the caller
 //   dgrad  dx = dy @ w^T            A = dy RowMajor (K-major), B = w ColumnMajor (K-major)    pingpong 128x128
 //   wgrad  dw = x^T @ dy            A = x ColumnMajor (M-major), B = dy RowMajor (N-major)    cooperative 128x128
 // Instantiations: those three x {bf16, f16, float as TF32} x {128, 64}-wide N tiles (64 when the GEMM's N is at
 // most 64); the K tile is 128 bytes of operand (64 16-bit values, 32 floats); f32 accumulation; cluster 1x1x1
 // (the filter operand is small and L2-resident, so multicast buys little, and odd M tails cost nothing extra).
 // TF32 (float32 at DEFAULT precision, as lax) reads f32 operands; wgmma takes TF32 only K-major from shared
-// memory, so CUTLASS's builder routes the MN-major operands through registers (fwd: A and B swapped, w loaded
-// into registers; wgrad: x through registers, dy transposed in shared memory). No global staging either way.
+// memory. wgrad's MN-major operands go through CUTLASS's transposing mainloop (x through registers, dy transposed
+// in shared memory). The fwd filter is transposed by the caller instead: the builder's alternative for a K-major
+// A with an MN-major B swaps A and B, which also transposes the epilogue's problem (seen on the H100: wrong
+// results with the row-major output and per-column bias used here).
 // wgrad's reduction (M pixels) is long while C x K is small: a deterministic split over M. The pixels are cut
 // into `splits` equal ranges of `per` pixels, run as one batched GEMM (L = splits, each batch writes its own f32
 // slice of the workspace), plus, when splits does not divide M, one more GEMM over the last M - splits*per
@@ -26,6 +29,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 
@@ -151,9 +155,10 @@ constexpr int TileK() {
 
 // One GEMM type: operands T (float: TF32 MMAs) with layouts LA, LB, output TD (RowMajor M x N), f32
 // accumulation, no C operand.
-template <class T, int TN, class LA, class LB, class TD, class MainSchedule, class EpiSchedule, class Fusion>
+template <class T, int TN, class LA, class LB, class TD, class MainSchedule, class EpiSchedule, class Fusion,
+          int TM = kTileM>
 struct GemmCfg {
-  using Tile = Shape<Int<kTileM>, Int<TN>, Int<TileK<T>()>>;
+  using Tile = Shape<Int<TM>, Int<TN>, Int<TileK<T>()>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, RowMajor, Align16B<TD>(), TD, RowMajor,
@@ -167,10 +172,22 @@ struct GemmCfg {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-template <class T, int TN>
-using FwdGemm = typename GemmCfg<T, TN, RowMajor, RowMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                                 cutlass::epilogue::TmaWarpSpecialized,
-                                 cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>>::Gemm;
+template <class T>
+constexpr bool kTf32 = std::is_same_v<T, float>;
+
+// fwd with TM = kWideTileM: the cooperative schedule on 256x128 tiles, for reductions of one k tile (c <= 64).
+// There the output store is the whole cost, and the ping-pong schedule's two consumer warpgroups take turns at
+// their epilogues, while cooperative ones store at once. H100, ResNet-50 res2 1x1 expand (64 -> 256), bf16:
+// b128 143 -> 109 µs, b32 39.4 -> 32.9 (jax.profiler, 2026-11-22); layers with c >= 128 measured slower so.
+constexpr int kWideTileM = 256;
+template <class T, int TN, int TM>
+using FwdGemm = typename GemmCfg<
+    T, TN, RowMajor, std::conditional_t<kTf32<T>, ColMajor, RowMajor>, T,
+    std::conditional_t<TM == kWideTileM, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                       cutlass::gemm::KernelTmaWarpSpecializedPingpong>,
+    std::conditional_t<TM == kWideTileM, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                       cutlass::epilogue::TmaWarpSpecialized>,
+    cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>, TM>::Gemm;
 template <class T, int TN>
 using DgradGemm = typename GemmCfg<T, TN, RowMajor, ColMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                    cutlass::epilogue::TmaWarpSpecialized,
@@ -196,15 +213,19 @@ typename Gemm::Arguments BaseArgs(int64_t m, int64_t n, int64_t k, int64_t l) {
 }
 
 // y (M x K) = act(x (M x C) @ w (C x K) + bias).
-template <class T, int TN>
-typename FwdGemm<T, TN>::Arguments FwdArgs(const Dims& g, const void* x, const void* w, const void* bias, int64_t act,
-                                       void* y) {
-  auto args = BaseArgs<FwdGemm<T, TN>>(g.m, g.k, g.c, 1);
+template <class T, int TN, int TM>
+typename FwdGemm<T, TN, TM>::Arguments FwdArgs(const Dims& g, const void* x, const void* w, const void* bias,
+                                               int64_t act, void* y) {
+  auto args = BaseArgs<FwdGemm<T, TN, TM>>(g.m, g.k, g.c, 1);
   args.mainloop.ptr_A = static_cast<const T*>(x);
   get<0>(args.mainloop.dA) = g.c;  // A[m][kk] = x[m*C + kk]
   get<2>(args.mainloop.dA) = g.m * g.c;
   args.mainloop.ptr_B = static_cast<const T*>(w);
-  get<1>(args.mainloop.dB) = g.k;  // B[n][kk] = w[kk*K + n]
+  if constexpr (kTf32<T>) {
+    get<0>(args.mainloop.dB) = g.c;  // B[n][kk] = w^T[n*C + kk]
+  } else {
+    get<1>(args.mainloop.dB) = g.k;  // B[n][kk] = w[kk*K + n]
+  }
   get<2>(args.mainloop.dB) = g.c * g.k;
   args.epilogue.ptr_D = static_cast<T*>(y);
   get<0>(args.epilogue.dD) = g.k;
@@ -270,10 +291,11 @@ cudaError_t Launch(const typename Gemm::Arguments& args, void* ws, cudaStream_t 
 }
 
 // The kernels' own workspace (the persistent scheduler needs none; kept general). Pointers play no part.
-template <class T, int TN>
+template <class T, int TN, int TM>
 size_t KernelWorkspace(const Dims& g, CudaOp op) {
   switch (op) {
-    case CudaOp::kFwd: return FwdGemm<T, TN>::get_workspace_size(FwdArgs<T, TN>(g, nullptr, nullptr, nullptr, 0, nullptr));
+    case CudaOp::kFwd:
+      return FwdGemm<T, TN, TM>::get_workspace_size(FwdArgs<T, TN, TM>(g, nullptr, nullptr, nullptr, 0, nullptr));
     case CudaOp::kDgrad: return DgradGemm<T, TN>::get_workspace_size(DgradArgs<T, TN>(g, nullptr, nullptr, nullptr));
     default: {
       const WgradPlan pl = PlanWgrad(g, TileK<T>());
@@ -286,10 +308,11 @@ size_t KernelWorkspace(const Dims& g, CudaOp op) {
   }
 }
 
-template <class T, int TN>
+template <class T, int TN, int TM>
 bool KernelsImplement(const Dims& g, CudaOp op) {
   switch (op) {
-    case CudaOp::kFwd: return CanImplement<FwdGemm<T, TN>>(FwdArgs<T, TN>(g, nullptr, nullptr, nullptr, 0, nullptr));
+    case CudaOp::kFwd:
+      return CanImplement<FwdGemm<T, TN, TM>>(FwdArgs<T, TN, TM>(g, nullptr, nullptr, nullptr, 0, nullptr));
     case CudaOp::kDgrad: return CanImplement<DgradGemm<T, TN>>(DgradArgs<T, TN>(g, nullptr, nullptr, nullptr));
     default: {
       const WgradPlan pl = PlanWgrad(g, TileK<T>());
@@ -300,19 +323,19 @@ bool KernelsImplement(const Dims& g, CudaOp op) {
 }
 
 // Workspace: [wgrad f32 partial slices, 256-aligned][kernel workspace].
-template <class T, int TN>
+template <class T, int TN, int TM>
 cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b, const void* bias,
                      void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   const Dims g = DimsOf(p);
   const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>()) : 0;
-  const size_t need = partial + AlignUp(KernelWorkspace<T, TN>(g, op));
+  const size_t need = partial + AlignUp(KernelWorkspace<T, TN, TM>(g, op));
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) return cudaErrorInvalidValue;
   char* kernel_ws = static_cast<char*>(workspace) + partial;
   switch (op) {
     case CudaOp::kFwd: {
-      const auto args = FwdArgs<T, TN>(g, a, b, p.has_bias[0] ? bias : nullptr, p.activation[0], out_buf);
-      if (!CanImplement<FwdGemm<T, TN>>(args)) return cudaErrorNotSupported;
-      return Launch<FwdGemm<T, TN>>(args, kernel_ws, s);
+      const auto args = FwdArgs<T, TN, TM>(g, a, b, p.has_bias[0] ? bias : nullptr, p.activation[0], out_buf);
+      if (!CanImplement<FwdGemm<T, TN, TM>>(args)) return cudaErrorNotSupported;
+      return Launch<FwdGemm<T, TN, TM>>(args, kernel_ws, s);
     }
     case CudaOp::kDgrad: {
       const auto args = DgradArgs<T, TN>(g, a, b, out_buf);
@@ -335,23 +358,27 @@ cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* 
     }
   }
 }
-// The kernels of one problem: operand type and N tile width, as types.
-template <class T, int TN>
+// The kernels of one problem: operand type, N tile width and the forward's M tile (kWideTileM: cooperative), as
+// types.
+template <class T, int TN, int TM = kTileM>
 struct Variant {
   using Type = T;
-  static constexpr int kN = TN;
+  static constexpr int kN = TN, kM = TM;
 };
 
-// Calls f(Variant<T, TN>{}) with the problem's operand type (bf16, f16, float as TF32) and N tile width.
+// Calls f(Variant<...>{}) with the problem's operand type (bf16, f16, float as TF32) and tiles.
 template <class F>
 auto WithVariant(const ConvParams& p, CudaOp op, DT in, F&& f) {
-  const bool narrow = NarrowN(DimsOf(p), op);
+  const Dims g = DimsOf(p);
+  const bool narrow = NarrowN(g, op), wide_m = op == CudaOp::kFwd && !narrow && g.c <= 64;
   switch (in) {
     case DT::kBF16:
+      if (wide_m) return f(Variant<cutlass::bfloat16_t, kTileN, kWideTileM>{});
       return narrow ? f(Variant<cutlass::bfloat16_t, kNarrowTileN>{}) : f(Variant<cutlass::bfloat16_t, kTileN>{});
     case DT::kF16:
+      if (wide_m) return f(Variant<cutlass::half_t, kTileN, kWideTileM>{});
       return narrow ? f(Variant<cutlass::half_t, kNarrowTileN>{}) : f(Variant<cutlass::half_t, kTileN>{});
-    default:
+    default:  // TF32: not measured with the wide tiles
       return narrow ? f(Variant<float, kNarrowTileN>{}) : f(Variant<float, kTileN>{});
   }
 }
@@ -362,7 +389,7 @@ bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out) {
 #if JAXCONV_GEMM1X1_KERNELS
   if (!BasicSupports(p, op, in, out)) return false;
   return WithVariant(p, op, in, [&](auto v) {
-    return KernelsImplement<typename decltype(v)::Type, decltype(v)::kN>(DimsOf(p), op);
+    return KernelsImplement<typename decltype(v)::Type, decltype(v)::kN, decltype(v)::kM>(DimsOf(p), op);
   });
 #else
   (void)p, (void)op, (void)in, (void)out;
@@ -377,7 +404,7 @@ size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out) 
     using T = typename decltype(v)::Type;
     const Dims g = DimsOf(p);
     const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>()) : 0;
-    return partial + AlignUp(KernelWorkspace<T, decltype(v)::kN>(g, op));
+    return partial + AlignUp(KernelWorkspace<T, decltype(v)::kN, decltype(v)::kM>(g, op));
   });
 #else
   (void)p, (void)op, (void)in, (void)out;
@@ -395,8 +422,8 @@ cudaError_t Gemm1x1Sm90Run(const ConvParams& p, CudaOp op, DT in, DT out, const 
   if (op == CudaOp::kFwd && p.has_bias[0] && (bias == nullptr || !Aligned16(bias))) return cudaErrorNotSupported;
   if (workspace != nullptr && !Aligned16(workspace)) return cudaErrorNotSupported;
   return WithVariant(p, op, in, [&](auto v) {
-    return RunTyped<typename decltype(v)::Type, decltype(v)::kN>(p, op, in, out, a, b, bias, out_buf, workspace,
-                                                                workspace_bytes, s);
+    return RunTyped<typename decltype(v)::Type, decltype(v)::kN, decltype(v)::kM>(p, op, in, out, a, b, bias, out_buf,
+                                                                                 workspace, workspace_bytes, s);
   });
 #else
   (void)p, (void)op, (void)in, (void)out, (void)a, (void)b, (void)bias, (void)out_buf, (void)workspace;

@@ -77,15 +77,15 @@ cudaError_t IgemmSm80Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
 
 // ---- gemm1x1_sm90.cu: 1x1 convolutions as Hopper GEMMs (CUTLASS 3.x, TMA + wgmma, two consumer warpgroups) ----
 // 1x1 convolutions (window 1 in every dim, stride 1, no padding, dilation 1, groups 1, channels-last) as GEMMs on
-// jaxconv's own layouts: x (M = N*D*H*W, C) row-major, w (C, K) row-major (the channels-last filter with T=R=S=1),
-// y / dy (M, K) row-major, dx (M, C), dw (C, K). No staging: the kernels read and write the caller's buffers.
-// Operands bf16, f16, or f32 as TF32 (DEFAULT precision only); fwd/dgrad results in the operand dtype, wgrad's
-// in the operand dtype or f32. fwd fuses
-// y = act(acc + bias[k]) (bias used when p.has_bias). wgrad is split over M deterministically (f32 partial sums in
-// the workspace, reduced in a fixed order). Same contract as the Igemm* functions above (Supports pure host
-// code, WorkspaceBytes a function of the problem alone; Run enqueues only: cudaErrorNotSupported with nothing
-// enqueued when it does not take the problem, cudaErrorInvalidValue on a short workspace). Always "not
-// supported" in builds without sm_90a code.
+// jaxconv's own layouts: x (M = N*D*H*W, C) row-major, w (C, K) row-major (the channels-last filter with T=R=S=1), y /
+// dy (M, K) row-major, dx (M, C), dw (C, K). No staging: the kernels read and write the caller's buffers. Operands
+// bf16, f16, or f32 as TF32 (DEFAULT precision only); fwd/dgrad results in the operand dtype, wgrad's in the operand
+// dtype or f32. fwd fuses y = act(acc + bias[k]) (bias used when p.has_bias); its float32 filter comes transposed, w^T
+// (K, C) row-major (wgmma reads TF32 K-major only). wgrad is split over M deterministically (f32 partial sums in the
+// workspace, reduced in a fixed order). Same contract as the Igemm* functions above (Supports pure host code,
+// WorkspaceBytes a function of the problem alone; Run enqueues only: cudaErrorNotSupported with nothing enqueued when
+// it does not take the problem, cudaErrorInvalidValue on a short workspace). Always "not supported" in builds without
+// sm_90a code.
 bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out);
 size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out);
 cudaError_t Gemm1x1Sm90Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,

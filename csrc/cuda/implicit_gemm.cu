@@ -212,11 +212,17 @@ cudaError_t RunKernels(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_
   return cudaErrorNotSupported;
 }
 
-// 1x1 convolutions on Hopper: plain GEMMs on the caller's buffers (gemm1x1_sm90.cu), no staging. Its workspace
-// does not depend on `out` (wgrad: f32 partial sums either way), so the size is asked with out = in.
+// 1x1 convolutions on Hopper: plain GEMMs on the caller's buffers (gemm1x1_sm90.cu), except the TF32 forward's
+// filter, transposed to (K, C) first (wgmma reads TF32 K-major only). Its workspace does not depend on `out`
+// (wgrad: f32 partial sums either way), so the size is asked with out = in.
+// Layout: [TF32 fwd: w^T][the GEMM's own workspace].
+size_t Gemm1x1FilterBytes(const ConvParams& p, CudaOp op, DT in) {
+  return op == CudaOp::kFwd && in == DT::kF32 ? AlignUp(static_cast<size_t>(p.c[0] * p.k[0]) * 4) : 0;
+}
+
 size_t Gemm1x1WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   if (algo != kAlgoImplicitGemm || !Gemm1x1Sm90Supports(p, op, in, in)) return 0;
-  return Gemm1x1Sm90WorkspaceBytes(p, op, in, in);
+  return Gemm1x1FilterBytes(p, op, in) + Gemm1x1Sm90WorkspaceBytes(p, op, in, in);
 }
 
 // cudaErrorNotSupported: not taken (nothing enqueued), the caller runs the conv kernels.
@@ -225,8 +231,15 @@ cudaError_t TryGemm1x1(const ConvParams& p, CudaOp op, DT in, DT out, int64_t al
   if (algo != kAlgoImplicitGemm || DeviceArch() != 90 || !Gemm1x1Sm90Supports(p, op, in, out)) {
     return cudaErrorNotSupported;
   }
-  const size_t need = Gemm1x1Sm90WorkspaceBytes(p, op, in, out);
+  const size_t filter = Gemm1x1FilterBytes(p, op, in);
+  const size_t need = filter + Gemm1x1Sm90WorkspaceBytes(p, op, in, out);
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) return cudaErrorNotSupported;
+  if (filter > 0) {
+    if (const cudaError_t e = FilterToKtrsc(p, in, p.c[0], b, workspace, s); e != cudaSuccess) return e;
+    b = workspace;
+    workspace = static_cast<char*>(workspace) + filter;
+    workspace_bytes -= filter;
+  }
   return Gemm1x1Sm90Run(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
 }
 
