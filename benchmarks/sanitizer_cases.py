@@ -56,7 +56,7 @@ CASES = [
     ("igemm tf32 flipped dgrad", 2, (2, 11, 13, 64), (3, 3), 72, 1, (1, 1), (2, 1), ((2, 0), (1, 1)),
      "implicit_gemm", "default"),
     # TF32 1x1 GEMMs (fwd: A and B swapped, w through registers; wgrad: dy transposed in shared memory, split M)
-    ("igemm tf32 1x1 gemm", 2, (3, 29, 31, 36), (1, 1), 132, 1, (1, 1), (1, 1), "VALID", "implicit_gemm", "default"),
+    ("igemm tf32 1x1 gemm", 2, (3, 29, 31, 36), (1, 1), 136, 1, (1, 1), (1, 1), "VALID", "implicit_gemm", "default"),
 ]
 
 
