@@ -9,7 +9,8 @@
 # Wheels in .whl/ (carried: the nvidia-cutlass headers) are installed first.
 # Environment: JAXCONV_CUDA_ARCHS (default 90a), JAXCONV_FUZZ_CASES (default 300 per dtype),
 # BENCH_ARGS (extra arguments for python -m jaxconv.bench), PYTEST_FILES (default tests), PYTEST_WORKERS
-# (default 8), PYTEST_ARGS (extra pytest arguments), SANITIZE_CASES (name filter for sanitizer_cases.py).
+# (default 8), PYTEST_ARGS (extra pytest arguments), SANITIZE_CASES (name filter for sanitizer_cases.py), PACK
+# (default 1: everything under $OUT packed into run.tgz at the end).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -99,3 +100,10 @@ echo
 echo "==================== summary ===================="
 cat "$OUT/env.txt"
 printf '%s\n' "${rows[@]}"
+printf '%s\n' "${rows[@]}" >> "$OUT/env.txt"
+# PACK=1 (default) packs every log and report under $OUT into one archive, $OUT/run.tgz, for callers that
+# copy back only a few files; PACK=0 leaves them as they are.
+if [ "${PACK:-1}" = 1 ]; then
+  (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name run.tgz -printf '%P\n' | tar czf run.tgz -T - \
+    && find . -mindepth 1 -maxdepth 1 ! -name run.tgz -exec rm -rf {} +)
+fi

@@ -72,6 +72,33 @@ def test_slope_fit_flags_noise_it_cannot_resolve():
   assert not stats.fit_samples(samples)["ok"]
 
 
+def test_one_timing_source_per_ratio():
+  """A poor fit on one side puts every side of the measurement on the profiler; a ratio never mixes sources."""
+  from jaxconv.bench.harness import choose_sources
+  rng = np.random.default_rng(2)
+  good = stats.fit_samples({t: list(150e-6 + 40e-6 * t + rng.normal(0, 1e-6, 8)) for t in (1, 2, 4, 8)})
+  poor = stats.fit_samples({t: list(150e-6 + rng.normal(0, 50e-6, 8)) for t in (1, 2, 4, 8)})
+  assert good["ok"] and not poor["ok"]
+  tmax = {"jaxconv": [1e-3], "lax": [2e-3]}
+  prof = {"jaxconv": {"ok": True, "per_op_us": 30.0}, "lax": {"ok": True, "per_op_us": 20.0}}
+
+  both_good = choose_sources({"jaxconv": good, "lax": good}, prof, 8, tmax)
+  assert {s for _, _, s in both_good.values()} == {"fit"}
+  assert both_good["lax"][0] == good["b"]
+
+  mixed = choose_sources({"jaxconv": good, "lax": poor}, prof, 8, tmax)
+  assert mixed["jaxconv"][2] == mixed["lax"][2] == "profiler"  # the good fit gives way too
+  assert mixed["jaxconv"][0] == pytest.approx(30e-6) and mixed["lax"][0] == pytest.approx(20e-6)
+
+  # No profiler time for one side: each falls back alone, the good fit stays.
+  no_prof = choose_sources({"jaxconv": good, "lax": poor}, {"jaxconv": prof["jaxconv"], "lax": {"ok": False}}, 8,
+                           tmax)
+  assert no_prof["jaxconv"][2] == "fit"
+  assert no_prof["lax"][2] in ("min-fit", "upper-bound(min wall/T)")
+  if no_prof["lax"][2].startswith("upper"):
+    assert no_prof["lax"][0] == pytest.approx(2e-3 / 8)
+
+
 def test_t_quantile_matches_tables():
   assert stats.t_quantile(0.95, 10) == pytest.approx(1.8125, abs=1e-4)  # two-sided 90%, 10 dof
   assert stats.t_quantile(0.975, 3) == pytest.approx(3.1824, abs=1e-4)

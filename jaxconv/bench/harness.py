@@ -279,40 +279,54 @@ def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), r
                 samples[impl][T].append(time.perf_counter() - t0)
                 del out
 
+    fits, profs = {}, {}
     for impl in live:
         r = res["impls"][impl]
-        fit = fit_samples(samples[impl])
+        fit = fits[impl] = fit_samples(samples[impl])
         r["fit"] = {k: v for k, v in fit.items() if k not in ("min_fit",)}
         if fit.get("min_fit"):
             r["fit"]["min_fit_b"] = fit["min_fit"]["b"]
         r["samples"] = {str(t): v for t, v in samples[impl].items()}
-        flags = r.setdefault("flags", [])
-        flags.extend(fit["flags"])
-        r["time_s"], r["ci90_s"], r["time_source"] = fit["b"], fit["ci"], "fit"
-        want_prof = profile == "always" or (profile in ("auto", "first") and not fit["ok"])
-        if want_prof:
+        r.setdefault("flags", []).extend(fit["flags"])
+    # The profiler runs for every implementation when any fit is poor, so that a ratio never divides a wall-clock
+    # slope by a profiler time (on short kernels the two differed by up to 3x on the same build).
+    if profile == "always" or (profile in ("auto", "first") and not all(f["ok"] for f in fits.values())):
+        for impl in live:
             c, mod = compiled[impl][Ts[0]]
             per = max(est.get((impl, Ts[0]), 0.01), 1e-6)
             ncalls = int(max(2, min(10, 2.0 / per)))
             prof = profile_device_time(c, (sets[:Ts[0]],), mod, ncalls=ncalls)
             if prof.get("ok"):
                 prof["per_op_us"] = prof["per_call_us"] / Ts[0]
-            r["profiler"] = prof
-            if not fit["ok"]:
-                if prof.get("ok") and prof["per_op_us"] > 0:
-                    r["time_s"], r["ci90_s"], r["time_source"] = prof["per_op_us"] * 1e-6, [None, None], "profiler"
-                elif fit.get("min_fit") and fit["min_fit"]["b"] > 0:
-                    mb = fit["min_fit"]["b"]
-                    r["time_s"], r["ci90_s"], r["time_source"] = mb, fit["min_fit"]["ci"], "min-fit"
-                else:
-                    tmax = Ts[-1]
-                    r["time_s"] = min(samples[impl][tmax]) / tmax
-                    r["ci90_s"], r["time_source"] = [None, None], "upper-bound(min wall/T)"
-        elif not fit["ok"]:
-            if fit.get("min_fit") and fit["min_fit"]["b"] > 0:
-                r["time_s"], r["ci90_s"], r["time_source"] = fit["min_fit"]["b"], fit["min_fit"]["ci"], "min-fit"
-            else:
-                tmax = Ts[-1]
-                r["time_s"] = min(samples[impl][tmax]) / tmax
-                r["ci90_s"], r["time_source"] = [None, None], "upper-bound(min wall/T)"
+            res["impls"][impl]["profiler"] = profs[impl] = prof
+    tmax = Ts[-1]
+    for impl, (t, ci, src) in choose_sources(fits, profs, tmax, {i: samples[i][tmax] for i in live}).items():
+        r = res["impls"][impl]
+        r["time_s"], r["ci90_s"], r["time_source"] = t, ci, src
     return res
+
+
+def choose_sources(fits, profs, tmax, tmax_samples):
+    """Per implementation (time_s, ci90_s, time_source), one source for all where possible.
+
+    All fits good: the fits (profiler times, if taken, stay a cross-check). Otherwise, when every implementation
+    has a profiler time: the profiler for all, a good fit included. Otherwise each falls back alone: a good fit
+    stays; a poor one takes its profiler time, else the fit over per-T minima, else the fastest wall time at the
+    largest T over T (an upper bound)."""
+    def prof_us(i):
+        p = profs.get(i) or {}
+        return p["per_op_us"] if p.get("ok") and p.get("per_op_us", 0) > 0 else None
+
+    all_fit = all(f["ok"] for f in fits.values())
+    all_prof = all(prof_us(i) is not None for i in fits)
+    out = {}
+    for impl, fit in fits.items():
+        if all_fit or (fit["ok"] and not all_prof):
+            out[impl] = (fit["b"], fit["ci"], "fit")
+        elif prof_us(impl) is not None:
+            out[impl] = (prof_us(impl) * 1e-6, [None, None], "profiler")
+        elif fit.get("min_fit") and fit["min_fit"]["b"] > 0:
+            out[impl] = (fit["min_fit"]["b"], fit["min_fit"]["ci"], "min-fit")
+        else:
+            out[impl] = (min(tmax_samples[impl]) / tmax, [None, None], "upper-bound(min wall/T)")
+    return out
