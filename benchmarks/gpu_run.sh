@@ -89,7 +89,10 @@ fi
 
 if [[ " $steps " == *" bench "* ]]; then
   t0=$(date +%s)
-  $PY -m jaxconv.bench --out "$OUT/bench" ${BENCH_ARGS:---suite benchmarks/suite.json} > "$OUT/bench.log" 2>&1
+  # BENCH_TIMEOUT (seconds): stop the benchmarks in time for the packing below; results.json holds every
+  # measurement finished by then (python -m jaxconv.bench.merge rebuilds the report from it).
+  timeout "${BENCH_TIMEOUT:-0}" $PY -m jaxconv.bench --out "$OUT/bench" ${BENCH_ARGS:---suite benchmarks/suite.json} \
+    > "$OUT/bench.log" 2>&1
   rc=$?
   row bench "$([ $rc = 0 ] && echo ok || echo FAILED)" "($(( $(date +%s) - t0 )) s) see bench/"
   [ $rc = 0 ] || tail -20 "$OUT/bench.log"

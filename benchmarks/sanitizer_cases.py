@@ -55,8 +55,12 @@ CASES = [
     # TF32: the unit-stride data gradient as the Hopper forward with the flipped filter
     ("igemm tf32 flipped dgrad", 2, (2, 11, 13, 64), (3, 3), 72, 1, (1, 1), (2, 1), ((2, 0), (1, 1)),
      "implicit_gemm", "default"),
-    # TF32 1x1 GEMMs (fwd: A and B swapped, w through registers; wgrad: dy transposed in shared memory, split M)
+    # TF32 1x1 GEMMs (fwd: the filter transposed to K-major first; wgrad: dy transposed in shared memory, split M)
     ("igemm tf32 1x1 gemm", 2, (3, 29, 31, 36), (1, 1), 136, 1, (1, 1), (1, 1), "VALID", "implicit_gemm", "default"),
+    # Hopper fprop (and TF32's flipped dgrad) split over the reduction into f32 slices, reduced with the epilogue:
+    # 2 tiles of 36 k tiles (16-bit: 4 splits), a partial M tile; "igemm wide wgrad c128" splits too (fwd 2, dgrad 3)
+    ("igemm split fwd", 2, (2, 7, 7, 256), (3, 3), 256, 1, (1, 1), (1, 1), "SAME", "implicit_gemm"),
+    ("igemm tf32 split fwd", 2, (2, 7, 7, 256), (3, 3), 256, 1, (1, 1), (1, 1), "SAME", "implicit_gemm", "default"),
 ]
 
 

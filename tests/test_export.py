@@ -163,6 +163,28 @@ def test_cuda_lowering_gives_the_tensor_core_path_its_staging_workspace():
 
 
 @pytest.mark.skipif(not jaxconv.build_info()["cuda"], reason="jaxconv was built without CUDA")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_cuda_lowering_gives_small_grids_their_split_workspace(dtype):
+  """ResNet-50's res5 3x3 at batch 32 has 52 output tiles of 128x128 for 132 SMs: the Hopper forward and data
+  gradient split the reduction in two, so their workspaces hold the staged filter and two f32 slices of the output
+  (float32 at DEFAULT: the TF32 data gradient runs as the forward of dy with the flipped filter, and its split needs
+  the same room)."""
+  x = jax.ShapeDtypeStruct((32, 7, 7, 512), dtype)
+  w = jax.ShapeDtypeStruct((3, 3, 512, 512), dtype)
+
+  def loss(x, w):
+    return jnp.sum(jaxconv.conv2d(x, w, padding="SAME", algorithm="implicit_gemm").astype(jnp.float32))
+
+  exp = export.export(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), platforms=["cuda"],
+                      disabled_checks=CHECKS)(x, w)
+  text = exp.mlir_module()
+  filt, slices = 9 * 512 * 512 * jnp.dtype(dtype).itemsize, 2 * 32 * 7 * 7 * 512 * 4
+  for target in ("jaxconv_fwd", "jaxconv_dgrad"):
+    nbytes = _workspace_result_bytes(text, target)
+    assert nbytes >= filt + slices, (target, nbytes, filt + slices)
+
+
+@pytest.mark.skipif(not jaxconv.build_info()["cuda"], reason="jaxconv was built without CUDA")
 def test_cuda_lowering_bounds_the_first_layer_workspace():
   """A first layer (3 channels, 7x7/2, as ResNet's stem) on the tensor-core path unrolls its window in chunks of
   images: at batch 128 every op's workspace holds at least one image's unrolled window (112*112 pixels x 147

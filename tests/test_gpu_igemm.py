@@ -79,6 +79,10 @@ CASES = {
     # GEMM N <= 64 (fwd/wgrad k, dgrad c): 64-wide tiles, here partial (40 of 64)
     "1x1_gemm_c72_k40": ((2, 9, 11, 72), (1, 1), "VALID", (1, 1), (1, 1), 40),
     "1x1_gemm_c36_k48": ((2, 11, 7, 36), (1, 1), "VALID", (1, 1), (1, 1), 48),
+    # Hopper fprop/dgrad split over the reduction (GEMM N > 64 and 128x128 tiles filling at most half the SMs):
+    # ResNet-50 res5's 7x7 at batch 2, 4 tiles of 72 k tiles (9 splits; a partial M tile of 98 rows); c = 136,
+    # k = 264 above splits 3 ways (fwd) and 5 ways (dgrad) with partial channel tiles.
+    "split_res5_7x7": ((2, 7, 7, 512), (3, 3), "SAME", (1, 1), (1, 1), 512),
 }
 ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
 # dtype name -> (operand dtype, precision, tolerance)
@@ -149,14 +153,16 @@ def test_igemm_bias_activation(act, rng):
 
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
 @pytest.mark.parametrize("math", ["bf16", "f16", "tf32"])
-@pytest.mark.parametrize("name", ["1x1_gemm", "first_layer"])
+@pytest.mark.parametrize("name", ["1x1_gemm", "first_layer", "split_fwd"])
 def test_igemm_gemm_bias_activation(name, act, math, rng):
-  """The GEMM routes' fused epilogue, y = act(x @ w + b) per output channel, with 16-bit and TF32 operands: 1x1
-  layers and first layers (the unrolled window, im2col_gemm.cu)."""
+  """The fused epilogue, y = act(x @ w + b) per output channel, with 16-bit and TF32 operands, where it is not
+  CUTLASS's: 1x1 layers, first layers (the unrolled window, im2col_gemm.cu) and the Hopper forward split over the
+  reduction (applied by the reduction of the splits' f32 partial sums)."""
   dtype, precision, tol = MATHS[math]
   shape, win, stride, padding, k = {
       "1x1_gemm": ((2, 13, 11, 256), (1, 1), (1, 1), "VALID", 136),
       "first_layer": ((2, 29, 31, 3), (7, 7), (2, 2), ((3, 3), (3, 3)), 64),
+      "split_fwd": ((2, 9, 11, 136), (3, 3), (1, 1), "SAME", 136),
   }[name]
   with cu.gpu_context(dtype):
     x = cu.to_gpu(cu.randn(rng, shape, dtype))

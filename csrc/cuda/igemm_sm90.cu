@@ -10,12 +10,16 @@
 //                            filter tap, K = N*Z*P*Q),
 //                            f32 out, deterministic split-K over N*Z*P*Q: partial sums in the workspace, reduced
 //                            in a fixed order
+//   fprop/dgrad on small grids (GEMM N > 64, 128x128 tiles filling at most half the SMs; SplitPlanFwd): 128x128
+//                            tiles split over the reduction the same way into f32 slices; the reduction applies
+//                            bias, activation and rounding (ResNet-50 res5 3x3 at batch 32)
 // tf32 dgrad/wgrad do not exist: wgmma reads tf32 operands K-major only, and those ops need an MN-major operand.
 // CUTLASS's sm90 conv kernel is non-persistent and takes no tile scheduler (no stream-K, no persistent or ping-pong
 // schedules), so this file runs two variants of its body with the unchanged CUTLASS collectives: fprop/dgrad
 // persistent with two consumer warpgroups in ping-pong (PingpongConvKernel: one warpgroup's MMAs overlap the
 // other's epilogue; on the H100 it beat a one-consumer persistent kernel on 6 of 7 ResNet-50 layers at batch
-// 128), wgrad with a k-tile range per blockIdx.z (WgradSplitKernel). Cluster 1x1x1 throughout.
+// 128), wgrad and small-grid fprop/dgrad with a k-tile range per blockIdx.z (SplitKKernel). Cluster 1x1x1
+// throughout.
 //
 // Built only when the build's arch list has 90a (CMake defines JAXCONV_IGEMM_SM90=1 for that target); otherwise
 // every entry point reports "not supported".
@@ -28,6 +32,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/common.cuh"
 
@@ -92,6 +97,7 @@ constexpr int Align16B() {
 template <class T, int TileN = kFwdTileN>
 struct FpropCfg {
   static constexpr Operator kOp = Operator::kFprop;
+  static constexpr bool kSplit = false;  // SplitCfg<FpropCfg>: split over the reduction
   using Element = T;
   using TileK = cute::conditional_t<cute::is_same_v<T, float>, _32, _64>;  // 128-byte rows
   using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<TileK>>;
@@ -112,6 +118,7 @@ struct FpropCfg {
 template <class T, int TileN = kFwdTileN>
 struct DgradCfg {
   static constexpr Operator kOp = Operator::kDgrad;
+  static constexpr bool kSplit = false;
   using Element = T;
   using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<_64>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -148,12 +155,36 @@ struct WgradCfg {
   using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
 };
 
+// fprop/dgrad split over the reduction (small grids, SplitPlanFwd): Cfg's mainloop on 128x128 tiles with a
+// register-direct f32 epilogue. D is the output's (pixels, channels) matrix in f32, modes ((q,p,z,n), ch, l), the L
+// stride separating the splits' slices; ReduceSplitsEpilogue adds them and applies bias, activation and rounding.
+using SplitStrideD = cute::Stride<cute::Stride<int64_t, int64_t, int64_t, int64_t>, _1, int64_t>;
+
+template <class Cfg>
+struct SplitCfg {
+  static constexpr Operator kOp = Cfg::kOp;
+  static constexpr bool kSplit = true;
+  using Element = typename Cfg::Element;
+  using TileShape = typename Cfg::TileShape;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, SplitStrideD, 4, float, SplitStrideD, 4,
+      cutlass::epilogue::NoSmemWarpSpecialized>::CollectiveOp;
+  using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, Element, cutlass::layout::TensorNDHWC,
+      Align16B<Element>(), Element, cutlass::layout::TensorNDHWC, Align16B<Element>(), float, TileShape, Cluster1,
+      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+  using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
+};
+
 // ---------------------------------------------------------------------------------------------------------------
-// Split-K wgrad: the body of CUTLASS's non-persistent warp-specialised kernel (GemmUniversal for
-// KernelTmaWarpSpecialized, sm90_gemm_tma_warpspecialized.hpp), with two changes: block z runs only its range of
-// k tiles, and the epilogue sees L = splits with l = blockIdx.z (the L stride of dD separates the slices).
+// Split-K (wgrad, and fprop/dgrad on small grids): the body of CUTLASS's non-persistent warp-specialised kernel
+// (GemmUniversal for KernelTmaWarpSpecialized, sm90_gemm_tma_warpspecialized.hpp), with two changes: block z runs
+// only its range of k tiles, and the epilogue sees L = splits with l = blockIdx.z (the L stride of dD separates
+// the slices).
 template <class Base>
-struct WgradSplitKernel {
+struct SplitKKernel {
   using ProblemShape = typename Base::ProblemShape;
   using CollectiveMainloop = typename Base::CollectiveMainloop;
   using CollectiveEpilogue = typename Base::CollectiveEpilogue;
@@ -470,19 +501,42 @@ struct PingpongConvKernel {
   }
 };
 
-// dw[e] = sum_{s < splits} part[s * count + e], s ascending (deterministic). count % 4 == 0, 16-byte aligned.
+// sum_{s < splits} part[s * count4 + e], s ascending (deterministic).
+__device__ __forceinline__ float4 SumSplits(const float4* __restrict__ part, int64_t splits, int64_t count4,
+                                            int64_t e) {
+  float4 acc = part[e];
+  for (int64_t s = 1; s < splits; ++s) {
+    const float4 v = part[s * count4 + e];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  return acc;
+}
+
+// dw[e] = sum_{s < splits} part[s * count + e]. count % 4 == 0, 16-byte aligned.
 __global__ void ReduceWgradSplits(const float4* __restrict__ part, int64_t splits, int64_t count4,
                                   float4* __restrict__ dw) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count4; e += int64_t(gridDim.x) * blockDim.x) {
-    float4 acc = part[e];
-    for (int64_t s = 1; s < splits; ++s) {
-      const float4 v = part[s * count4 + e];
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-    }
-    dw[e] = acc;
+    dw[e] = SumSplits(part, splits, count4, e);
+  }
+}
+
+// out[e] = act(sum_{s < splits} part[s * count + e] + bias[e % ch]) rounded to T; 4 consecutive elements per step
+// (ch % 4 == 0, so they share a row). bias may be null (fprop without bias, dgrad).
+template <class T>
+__global__ void ReduceSplitsEpilogue(const float4* __restrict__ part, int64_t splits, int64_t count4, int64_t ch,
+                                     const T* __restrict__ bias, int act,
+                                     cutlass::AlignedArray<T, 4>* __restrict__ out) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count4; e += int64_t(gridDim.x) * blockDim.x) {
+    const float4 acc = SumSplits(part, splits, count4, e);
+    const float v[4] = {acc.x, acc.y, acc.z, acc.w};
+    const int64_t k0 = (4 * e) % ch;
+    cutlass::AlignedArray<T, 4> r;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = T(Activate(bias != nullptr ? v[i] + float(bias[k0 + i]) : v[i], act));
+    out[e] = r;
   }
 }
 
@@ -571,6 +625,40 @@ size_t WgradWorkspace(const IgemmProblem& pr) {
   return static_cast<size_t>(plan.splits * dw_elems) * sizeof(float);
 }
 
+// fprop/dgrad split over the reduction: when the op's GEMM N (fprop k, dgrad c) is over 64 and the 128x128 tiles
+// fill at most half the SMs, the reduction is cut into `splits` ranges so that tiles * splits still fits one wave
+// (ResNet-50 res5 3x3 at batch 32: 52 tiles of 72 k tiles each; unsplit they ran on 104 half-width tiles, each
+// block's second consumer warpgroup idle). At least kMinSplitKTiles k tiles per split.
+constexpr int64_t kMinSplitKTiles = 8;
+SplitPlan SplitPlanFwd(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+  SplitPlan plan;
+  const bool fwd = op == CudaOp::kFwd;
+  const int64_t n = fwd ? pr.k : pr.c, red = fwd ? pr.c : pr.k;
+  const int64_t pixels = fwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
+  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
+  const int64_t tile_k = math == IgemmMath::kTF32 ? 32 : 64;  // FpropCfg / DgradCfg: 128-byte rows
+  const int64_t k_tiles = taps * CeilDiv(red, tile_k);
+  plan.k_tiles_per_split = k_tiles;
+  // Temporary A/B switch for one measurement (removed after it): JAXCONV_AB_NO_FWD_SPLIT keeps the unsplit plans.
+  static const bool ab_no_split = std::getenv("JAXCONV_AB_NO_FWD_SPLIT") != nullptr;
+  if (ab_no_split || n <= kNarrowTileN) return plan;
+  const int64_t tiles = CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(n, kFwdTileN);
+  const int64_t s = std::min(kPlanSms / tiles, k_tiles / kMinSplitKTiles);
+  if (s < 2) return plan;
+  const int64_t per = CeilDiv(k_tiles, s), splits = CeilDiv(k_tiles, per);
+  if (splits < 2 || splits * pr.n * pixels * n * int64_t(sizeof(float)) > kMaxSplitWorkspace) return plan;
+  plan.splits = splits;
+  plan.k_tiles_per_split = per;
+  return plan;
+}
+
+size_t SplitFwdWorkspace(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+  const SplitPlan plan = SplitPlanFwd(pr, op, math);
+  if (plan.splits <= 1) return 0;
+  const int64_t pixels = op == CudaOp::kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
+  return static_cast<size_t>(plan.splits * pr.n * pixels * (op == CudaOp::kFwd ? pr.k : pr.c)) * sizeof(float);
+}
+
 template <Operator Op>
 cutlass::conv::ConvProblemShape<Op, 3> MakeProblemShape(const IgemmProblem& pr) {
   using PS = cutlass::conv::ConvProblemShape<Op, 3>;
@@ -635,14 +723,15 @@ typename Cfg::Kernel::Arguments MakeArguments(const IgemmProblem& pr, const Igem
     get<0, 1>(d) = sp[2] * ch;
     get<0, 2>(d) = sp[1] * sp[2] * ch;
     get<0, 3>(d) = sp[0] * sp[1] * sp[2] * ch;
+    if constexpr (Cfg::kSplit) get<2>(d) = pr.n * sp[0] * sp[1] * sp[2] * ch;  // SplitCfg: one f32 slice a split
     args.epilogue.dC = d;
     args.epilogue.dD = d;
     args.epilogue.ptr_C = nullptr;
-    args.epilogue.ptr_D = static_cast<T*>(d_ptr);
+    args.epilogue.ptr_D = static_cast<cute::conditional_t<Cfg::kSplit, float, T>*>(d_ptr);
     auto& f = args.epilogue.thread;
     f.alpha = 1.f;
     f.beta = 0.f;
-    if constexpr (Cfg::kOp == Operator::kFprop) {
+    if constexpr (Cfg::kOp == Operator::kFprop && !Cfg::kSplit) {
       f.bias_ptr = static_cast<const T*>(a.bias);  // null: CUTLASS broadcasts 0
       f.activation.act = int(a.act);
     }
@@ -679,9 +768,9 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
   return cudaGetLastError();
 }
 
-// Whether an fprop/dgrad takes the 128 x kNarrowTileN tiles: GEMM N at most 64, or fewer 128x128 tiles than
-// an H100 has SMs (ResNet-50's res5 3x3 at batch 32: 52 tiles for 132 SMs), where half-width tiles put twice as
-// many SMs to work. kPlanSms, not the device's count: Supports must not query the device.
+// Whether an unsplit fprop/dgrad (SplitPlanFwd first) takes the 128 x kNarrowTileN tiles: GEMM N at most 64, or
+// fewer 128x128 tiles than an H100 has SMs, where half-width tiles put twice as many SMs to work. kPlanSms, not
+// the device's count: Supports must not query the device.
 bool NarrowN(const IgemmProblem& pr, CudaOp op) {
   const int64_t n = op == CudaOp::kFwd ? pr.k : pr.c;
   if (n <= kNarrowTileN) return true;
@@ -707,33 +796,72 @@ int64_t MultiprocessorCount() {
   return sms;
 }
 
+// SplitCfg: the split kernel into f32 slices in the workspace, then ReduceSplitsEpilogue into the output.
 template <class Cfg>
-cudaError_t RunFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t stream) {
+cudaError_t RunSplitFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, IgemmMath math, cudaStream_t stream) {
+  using Base = typename Cfg::Kernel;
+  using Split = SplitKKernel<Base>;
+  constexpr bool kFwd = Cfg::kOp == Operator::kFprop;
+  const CudaOp op = kFwd ? CudaOp::kFwd : CudaOp::kDgrad;
+  const SplitPlan plan = SplitPlanFwd(pr, op, math);
+  if (plan.splits <= 1) return cudaErrorNotSupported;
+  if (a.workspace == nullptr || !Aligned16(a.workspace) || a.workspace_bytes < SplitFwdWorkspace(pr, op, math)) {
+    return cudaErrorInvalidValue;
+  }
+  const auto args = MakeArguments<Cfg>(pr, a, a.workspace);
+  if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Base::can_implement(args)) return cudaErrorNotSupported;
+  typename Split::Params params;
+  params.base = Base::to_underlying_arguments(args, nullptr);
+  params.k_tiles_per_split = int(plan.k_tiles_per_split);
+  params.splits = int(plan.splits);
+  dim3 grid = Base::get_grid_shape(params.base);  // (m tiles, n tiles, 1)
+  const int64_t pixels = kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
+  const int64_t ch = kFwd ? pr.k : pr.c;
+  if (int64_t(grid.x) != CeilDiv(pr.n * pixels, kFwdTileM) || int64_t(grid.y) != CeilDiv(ch, kFwdTileN) ||
+      grid.z != 1) {
+    return cudaErrorNotSupported;  // the plan's tile count
+  }
+  grid.z = unsigned(plan.splits);
+  if (const cudaError_t e = LaunchKernel<Split>(params, grid, stream); e != cudaSuccess) return e;
+  using T = typename Cfg::Element;
+  const int64_t count4 = pr.n * pixels * ch / 4;  // ch % 4 == 0 (BasicChecks)
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>(CeilDiv(count4, threads), 16 * kPlanSms);
+  ReduceSplitsEpilogue<T><<<unsigned(blocks), threads, 0, stream>>>(
+      static_cast<const float4*>(a.workspace), plan.splits, count4, ch, kFwd ? static_cast<const T*>(a.bias) : nullptr,
+      kFwd ? int(a.act) : int(kActNone), static_cast<cutlass::AlignedArray<T, 4>*>(a.out));
+  return cudaGetLastError();
+}
+
+template <class Cfg>
+cudaError_t RunFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, IgemmMath math, cudaStream_t stream) {
   using Kernel = typename Cfg::Kernel;
   constexpr bool kFwd = Cfg::kOp == Operator::kFprop;  // dgrad ignores bias and act (igemm.h)
   if (!Aligned16(a.a) || !Aligned16(a.b) || !Aligned16(a.out)) return cudaErrorInvalidValue;
   if (kFwd && (!Aligned16(a.bias) || a.act < kActNone || a.act > kActSilu)) return cudaErrorInvalidValue;
-  const auto args = MakeArguments<Cfg>(pr, a, a.out);
-  if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Kernel::can_implement(args)) return cudaErrorNotSupported;
-  using Pingpong = PingpongConvKernel<Kernel>;
-  typename Pingpong::Params params;
-  // Encodes the TMA descriptors on the host (driver entry point via the runtime; no workspace).
-  params.base = Kernel::to_underlying_arguments(args, nullptr);
-  const dim3 tiles = Kernel::get_grid_shape(params.base);  // (m tiles, n tiles, 1)
-  if (tiles.z != 1 || int64_t(tiles.x) * tiles.y > INT32_MAX) return cudaErrorNotSupported;
-  params.tiles_m = int(tiles.x);
-  params.tiles_n = int(tiles.y);
-  // Several blocks per SM over the run rather than exactly one: a GPU with fewer SMs than kPlanSms then loses
-  // little to the last partial wave, and no device query is needed.
-  // One block per SM: each block's two consumer warpgroups walk its tiles.
-  const int64_t blocks = std::min<int64_t>(int64_t(tiles.x) * tiles.y, MultiprocessorCount());
-  return LaunchKernel<Pingpong>(params, dim3(unsigned(blocks), 1, 1), stream);
+  if constexpr (Cfg::kSplit) {
+    return RunSplitFwdOrDgrad<Cfg>(pr, a, math, stream);
+  } else {
+    const auto args = MakeArguments<Cfg>(pr, a, a.out);
+    if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Kernel::can_implement(args)) return cudaErrorNotSupported;
+    using Pingpong = PingpongConvKernel<Kernel>;
+    typename Pingpong::Params params;
+    // Encodes the TMA descriptors on the host (driver entry point via the runtime; no workspace).
+    params.base = Kernel::to_underlying_arguments(args, nullptr);
+    const dim3 tiles = Kernel::get_grid_shape(params.base);  // (m tiles, n tiles, 1)
+    if (tiles.z != 1 || int64_t(tiles.x) * tiles.y > INT32_MAX) return cudaErrorNotSupported;
+    params.tiles_m = int(tiles.x);
+    params.tiles_n = int(tiles.y);
+    // One block per SM: each block's two consumer warpgroups walk its tiles.
+    const int64_t blocks = std::min<int64_t>(int64_t(tiles.x) * tiles.y, MultiprocessorCount());
+    return LaunchKernel<Pingpong>(params, dim3(unsigned(blocks), 1, 1), stream);
+  }
 }
 
 template <class Cfg>
 cudaError_t RunWgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t stream) {
   using Base = typename Cfg::Kernel;
-  using Split = WgradSplitKernel<Base>;
+  using Split = SplitKKernel<Base>;
   if (!Aligned16(a.a) || !Aligned16(a.b) || !Aligned16(a.out)) return cudaErrorInvalidValue;
   const SplitPlan plan = WgradPlan(pr);
   const int64_t dw_elems = pr.k * pr.win[0] * pr.win[1] * pr.win[2] * pr.c;
@@ -775,6 +903,15 @@ auto WithWgradCfg(const IgemmProblem& pr, F&& f) {
   return f(WgradCfg<T>{});
 }
 
+// Calls f(Cfg<T, tile N>{}) (FpropCfg or DgradCfg) with the problem's tiles: SplitCfg on 128x128 tiles when
+// SplitPlanFwd splits, else 128 x kNarrowTileN (NarrowN) or 128x128.
+template <template <class, int> class Cfg, class T, class F>
+auto WithFwdCfg(const IgemmProblem& pr, CudaOp op, IgemmMath math, F&& f) {
+  if (SplitPlanFwd(pr, op, math).splits > 1) return f(SplitCfg<Cfg<T, kFwdTileN>>{});
+  if (NarrowN(pr, op)) return f(Cfg<T, kNarrowTileN>{});
+  return f(Cfg<T, kFwdTileN>{});
+}
+
 }  // namespace
 #endif  // JAXCONV_SM90_KERNELS
 
@@ -782,23 +919,17 @@ bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
 #if JAXCONV_SM90_KERNELS
   if (!BasicChecks(pr, op, math)) return false;
   switch (op) {
-    case CudaOp::kFwd:
-      if (math == IgemmMath::kBF16) {
-        return NarrowN(pr, op) ? CanImplement<FpropCfg<cutlass::bfloat16_t, kNarrowTileN>>(pr)
-                               : CanImplement<FpropCfg<cutlass::bfloat16_t>>(pr);
-      }
-      if (math == IgemmMath::kF16) {
-        return NarrowN(pr, op) ? CanImplement<FpropCfg<cutlass::half_t, kNarrowTileN>>(pr)
-                               : CanImplement<FpropCfg<cutlass::half_t>>(pr);
-      }
-      return NarrowN(pr, op) ? CanImplement<FpropCfg<float, kNarrowTileN>>(pr) : CanImplement<FpropCfg<float>>(pr);
-    case CudaOp::kDgrad:
-      if (math == IgemmMath::kBF16) {
-        return NarrowN(pr, op) ? CanImplement<DgradCfg<cutlass::bfloat16_t, kNarrowTileN>>(pr)
-                               : CanImplement<DgradCfg<cutlass::bfloat16_t>>(pr);
-      }
-      return NarrowN(pr, op) ? CanImplement<DgradCfg<cutlass::half_t, kNarrowTileN>>(pr)
-                             : CanImplement<DgradCfg<cutlass::half_t>>(pr);
+    case CudaOp::kFwd: {
+      auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
+      if (math == IgemmMath::kBF16) return WithFwdCfg<FpropCfg, cutlass::bfloat16_t>(pr, op, math, can);
+      if (math == IgemmMath::kF16) return WithFwdCfg<FpropCfg, cutlass::half_t>(pr, op, math, can);
+      return WithFwdCfg<FpropCfg, float>(pr, op, math, can);
+    }
+    case CudaOp::kDgrad: {
+      auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
+      if (math == IgemmMath::kBF16) return WithFwdCfg<DgradCfg, cutlass::bfloat16_t>(pr, op, math, can);
+      return WithFwdCfg<DgradCfg, cutlass::half_t>(pr, op, math, can);
+    }
     case CudaOp::kWgrad:
       if (math == IgemmMath::kBF16) {
         return WithWgradCfg<cutlass::bfloat16_t>(pr, [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); });
@@ -816,9 +947,9 @@ bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
 
 size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
 #if JAXCONV_SM90_KERNELS
-  // CUTLASS's conv kernel needs none; only the wgrad split partial sums.
-  if (op != CudaOp::kWgrad || !IgemmSm90Supports(pr, op, math)) return 0;
-  return WgradWorkspace(pr);
+  // CUTLASS's conv kernel needs none; only the split partial sums.
+  if (!IgemmSm90Supports(pr, op, math)) return 0;
+  return op == CudaOp::kWgrad ? WgradWorkspace(pr) : SplitFwdWorkspace(pr, op, math);
 #else
   (void)pr;
   (void)op;
@@ -832,27 +963,20 @@ cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
 #if JAXCONV_SM90_KERNELS
   if (!BasicChecks(pr, op, math)) return cudaErrorNotSupported;
   switch (op) {
-    case CudaOp::kFwd:
+    case CudaOp::kFwd: {
       // kF32 out is the operand type for tf32 (f32 operands); 16-bit operands write 16-bit only.
       if (args.out_type != IgemmOut::kSame && math != IgemmMath::kTF32) return cudaErrorNotSupported;
-      if (math == IgemmMath::kBF16) {
-        return NarrowN(pr, op) ? RunFwdOrDgrad<FpropCfg<cutlass::bfloat16_t, kNarrowTileN>>(pr, args, stream)
-                               : RunFwdOrDgrad<FpropCfg<cutlass::bfloat16_t>>(pr, args, stream);
-      }
-      if (math == IgemmMath::kF16) {
-        return NarrowN(pr, op) ? RunFwdOrDgrad<FpropCfg<cutlass::half_t, kNarrowTileN>>(pr, args, stream)
-                               : RunFwdOrDgrad<FpropCfg<cutlass::half_t>>(pr, args, stream);
-      }
-      return NarrowN(pr, op) ? RunFwdOrDgrad<FpropCfg<float, kNarrowTileN>>(pr, args, stream)
-                             : RunFwdOrDgrad<FpropCfg<float>>(pr, args, stream);
-    case CudaOp::kDgrad:
+      auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
+      if (math == IgemmMath::kBF16) return WithFwdCfg<FpropCfg, cutlass::bfloat16_t>(pr, op, math, run);
+      if (math == IgemmMath::kF16) return WithFwdCfg<FpropCfg, cutlass::half_t>(pr, op, math, run);
+      return WithFwdCfg<FpropCfg, float>(pr, op, math, run);
+    }
+    case CudaOp::kDgrad: {
       if (args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
-      if (math == IgemmMath::kBF16) {
-        return NarrowN(pr, op) ? RunFwdOrDgrad<DgradCfg<cutlass::bfloat16_t, kNarrowTileN>>(pr, args, stream)
-                               : RunFwdOrDgrad<DgradCfg<cutlass::bfloat16_t>>(pr, args, stream);
-      }
-      return NarrowN(pr, op) ? RunFwdOrDgrad<DgradCfg<cutlass::half_t, kNarrowTileN>>(pr, args, stream)
-                             : RunFwdOrDgrad<DgradCfg<cutlass::half_t>>(pr, args, stream);
+      auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
+      if (math == IgemmMath::kBF16) return WithFwdCfg<DgradCfg, cutlass::bfloat16_t>(pr, op, math, run);
+      return WithFwdCfg<DgradCfg, cutlass::half_t>(pr, op, math, run);
+    }
     case CudaOp::kWgrad:
       if (math == IgemmMath::kBF16) {
         return WithWgradCfg<cutlass::bfloat16_t>(

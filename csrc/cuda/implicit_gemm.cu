@@ -243,14 +243,6 @@ cudaError_t TryGemm1x1(const ConvParams& p, CudaOp op, DT in, DT out, int64_t al
   return Gemm1x1Sm90Run(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
 }
 
-// Workspace of the staged conv-kernel path; 0: it runs on the direct kernels.
-size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
-  if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return 0;
-  const IgemmProblem pr = ToProblem(p, in);
-  if (!AnyKernel(pr, op, MathFor(p, in), algo)) return 0;
-  return StagingOf(p, op, in).bytes() + KernelWorkspaceBytes(pr, op, MathFor(p, in), algo);
-}
-
 // ---- the float32 DEFAULT (TF32) data gradient with unit strides, as a Hopper forward ----
 // The Hopper kernels have no TF32 dgrad (wgmma reads TF32 operands K-major only; dgrad's filter operand is
 // MN-major), so it would run on the mma.sync kernels. With unit strides the data gradient is the forward of dy
@@ -284,6 +276,20 @@ IgemmProblem FlippedDgradProblem(const ConvParams& p) {
     pr.dil[d] = p.rhs_dil[d];
   }
   return pr;
+}
+
+// Workspace of the staged conv-kernel path; 0: it runs on the direct kernels. The TF32 data gradient may run as
+// the flipped forward (TryFlippedTf32Dgrad), whose kernel workspace (a split plan's partial sums) counts too.
+size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+  if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return 0;
+  const IgemmProblem pr = ToProblem(p, in);
+  const IgemmMath math = MathFor(p, in);
+  if (!AnyKernel(pr, op, math, algo)) return 0;
+  size_t kernel = KernelWorkspaceBytes(pr, op, math, algo);
+  if (op == CudaOp::kDgrad && math == IgemmMath::kTF32 && algo == kAlgoImplicitGemm) {
+    kernel = std::max(kernel, AlignUp(IgemmSm90WorkspaceBytes(FlippedDgradProblem(p), CudaOp::kFwd, math)));
+  }
+  return StagingOf(p, op, in).bytes() + kernel;
 }
 
 // cudaErrorNotSupported: not taken, the caller runs the dgrad kernels (the flipped filter may have been written to
