@@ -79,9 +79,10 @@ CASES = {
     # GEMM N <= 64 (fwd/wgrad k, dgrad c): 64-wide tiles, here partial (40 of 64)
     "1x1_gemm_c72_k40": ((2, 9, 11, 72), (1, 1), "VALID", (1, 1), (1, 1), 40),
     "1x1_gemm_c36_k48": ((2, 11, 7, 36), (1, 1), "VALID", (1, 1), (1, 1), 48),
-    # Hopper fprop/dgrad split over the reduction (GEMM N > 64 and 128x128 tiles filling at most half the SMs):
-    # ResNet-50 res5's 7x7 at batch 2, 4 tiles of 72 k tiles (9 splits; a partial M tile of 98 rows); c = 136,
-    # k = 264 above splits 3 ways (fwd) and 5 ways (dgrad) with partial channel tiles.
+    # The Hopper TF32 forward split over the reduction (GEMM N > 64 and 128x128 tiles filling at most half the
+    # SMs), also taken by the TF32 data gradient (the flipped forward): ResNet-50 res5's 7x7 at batch 2, 4 tiles of
+    # 144 k tiles (18 splits; a partial M tile of 98 rows); k264_c136 above splits 5 ways (fwd) and 9 ways (dgrad)
+    # with partial channel tiles; bf16/f16 run these unsplit.
     "split_res5_7x7": ((2, 7, 7, 512), (3, 3), "SAME", (1, 1), (1, 1), 512),
 }
 ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
@@ -155,9 +156,9 @@ def test_igemm_bias_activation(act, rng):
 @pytest.mark.parametrize("math", ["bf16", "f16", "tf32"])
 @pytest.mark.parametrize("name", ["1x1_gemm", "first_layer", "split_fwd"])
 def test_igemm_gemm_bias_activation(name, act, math, rng):
-  """The fused epilogue, y = act(x @ w + b) per output channel, with 16-bit and TF32 operands, where it is not
-  CUTLASS's: 1x1 layers, first layers (the unrolled window, im2col_gemm.cu) and the Hopper forward split over the
-  reduction (applied by the reduction of the splits' f32 partial sums)."""
+  """The fused epilogue, y = act(x @ w + b) per output channel, with 16-bit and TF32 operands: 1x1 layers, first
+  layers (the unrolled window, im2col_gemm.cu) and a 3x3 layer whose TF32 forward splits over the reduction on the
+  Hopper (the epilogue then applied by the reduction of the splits' f32 partial sums)."""
   dtype, precision, tol = MATHS[math]
   shape, win, stride, padding, k = {
       "1x1_gemm": ((2, 13, 11, 256), (1, 1), (1, 1), "VALID", 136),
@@ -205,6 +206,24 @@ def test_igemm_1x1_gemm_deterministic(rng):
     (dx1, dw1), (dx2, dw2) = g(x, w, ct), g(x, w, ct)
     assert np.array_equal(np.asarray(dw1), np.asarray(dw2))
     assert np.array_equal(np.asarray(dx1), np.asarray(dx2))
+
+
+def test_igemm_tf32_split_deterministic(rng):
+  """The TF32 forward and data gradient split over the reduction (f32 slices added in a fixed order) are bitwise
+  stable across reruns."""
+  shape, win, padding, dil, stride, k = CASES["split_res5_7x7"]
+  conv = functools.partial(jaxconv.conv2d, padding=padding, algorithm="implicit_gemm", precision="default")
+  x = cu.to_gpu(cu.randn(rng, shape, np.float32))
+  w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), np.float32))
+  ct = cu.to_gpu(cu.randn(rng, (*shape[:-1], k), np.float32))
+  def y_dx(x, w, ct):
+    y, vjp = jax.vjp(lambda x: conv(x, w), x)
+    return y, vjp(ct)[0]
+
+  g = jax.jit(y_dx)
+  (y1, dx1), (y2, dx2) = g(x, w, ct), g(x, w, ct)
+  assert np.array_equal(np.asarray(y1), np.asarray(y2))
+  assert np.array_equal(np.asarray(dx1), np.asarray(dx2))
 
 
 def test_igemm_is_auto_choice_and_deterministic(rng):

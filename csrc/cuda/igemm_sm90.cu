@@ -10,15 +10,16 @@
 //                            filter tap, K = N*Z*P*Q),
 //                            f32 out, deterministic split-K over N*Z*P*Q: partial sums in the workspace, reduced
 //                            in a fixed order
-//   fprop/dgrad on small grids (GEMM N > 64, 128x128 tiles filling at most half the SMs; SplitPlanFwd): 128x128
+//   tf32 fprop on small grids (GEMM N > 64, 128x128 tiles filling at most half the SMs; SplitPlanFwd): 128x128
 //                            tiles split over the reduction the same way into f32 slices; the reduction applies
-//                            bias, activation and rounding (ResNet-50 res5 3x3 at batch 32)
+//                            bias and activation (ResNet-50 res5 3x3 at batch 32, and its TF32 data gradient,
+//                            which runs as a forward)
 // tf32 dgrad/wgrad do not exist: wgmma reads tf32 operands K-major only, and those ops need an MN-major operand.
 // CUTLASS's sm90 conv kernel is non-persistent and takes no tile scheduler (no stream-K, no persistent or ping-pong
 // schedules), so this file runs two variants of its body with the unchanged CUTLASS collectives: fprop/dgrad
 // persistent with two consumer warpgroups in ping-pong (PingpongConvKernel: one warpgroup's MMAs overlap the
 // other's epilogue; on the H100 it beat a one-consumer persistent kernel on 6 of 7 ResNet-50 layers at batch
-// 128), wgrad and small-grid fprop/dgrad with a k-tile range per blockIdx.z (SplitKKernel). Cluster 1x1x1
+// 128), wgrad and small-grid tf32 fprop with a k-tile range per blockIdx.z (SplitKKernel). Cluster 1x1x1
 // throughout.
 //
 // Built only when the build's arch list has 90a (CMake defines JAXCONV_IGEMM_SM90=1 for that target); otherwise
@@ -32,7 +33,6 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 
 #include "cuda/common.cuh"
 
@@ -625,23 +625,24 @@ size_t WgradWorkspace(const IgemmProblem& pr) {
   return static_cast<size_t>(plan.splits * dw_elems) * sizeof(float);
 }
 
-// fprop/dgrad split over the reduction: when the op's GEMM N (fprop k, dgrad c) is over 64 and the 128x128 tiles
-// fill at most half the SMs, the reduction is cut into `splits` ranges so that tiles * splits still fits one wave
-// (ResNet-50 res5 3x3 at batch 32: 52 tiles of 72 k tiles each; unsplit they ran on 104 half-width tiles, each
-// block's second consumer warpgroup idle). At least kMinSplitKTiles k tiles per split.
+// fprop/dgrad split over the reduction, TF32 only: when the op's GEMM N (fprop k, dgrad c) is over 64 and the
+// 128x128 tiles fill at most half the SMs, the reduction is cut into `splits` ranges so that tiles * splits still
+// fits one wave; at least kMinSplitKTiles k tiles per split. ResNet-50 res5 3x3 at batch 32 (52 tiles of 144 TF32
+// k tiles; unsplit, 104 half-width tiles with each block's second consumer warpgroup idle), H200, kernel times of
+// the same build: TF32 fwd 47.5 -> 42.1 µs, TF32 data gradient (the flipped forward) 50.8 -> 46.3; bf16 fwd 29.5
+// -> 30.1 and dgrad 29.3 -> 30.6, so 16-bit problems keep the unsplit plan.
 constexpr int64_t kMinSplitKTiles = 8;
 SplitPlan SplitPlanFwd(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
   SplitPlan plan;
+  if (math != IgemmMath::kTF32) return plan;
   const bool fwd = op == CudaOp::kFwd;
   const int64_t n = fwd ? pr.k : pr.c, red = fwd ? pr.c : pr.k;
   const int64_t pixels = fwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  const int64_t tile_k = math == IgemmMath::kTF32 ? 32 : 64;  // FpropCfg / DgradCfg: 128-byte rows
+  constexpr int64_t tile_k = 32;  // FpropCfg<float>: 128-byte rows
   const int64_t k_tiles = taps * CeilDiv(red, tile_k);
   plan.k_tiles_per_split = k_tiles;
-  // Temporary A/B switch for one measurement (removed after it): JAXCONV_AB_NO_FWD_SPLIT keeps the unsplit plans.
-  static const bool ab_no_split = std::getenv("JAXCONV_AB_NO_FWD_SPLIT") != nullptr;
-  if (ab_no_split || n <= kNarrowTileN) return plan;
+  if (n <= kNarrowTileN) return plan;
   const int64_t tiles = CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(n, kFwdTileN);
   const int64_t s = std::min(kPlanSms / tiles, k_tiles / kMinSplitKTiles);
   if (s < 2) return plan;
@@ -904,10 +905,12 @@ auto WithWgradCfg(const IgemmProblem& pr, F&& f) {
 }
 
 // Calls f(Cfg<T, tile N>{}) (FpropCfg or DgradCfg) with the problem's tiles: SplitCfg on 128x128 tiles when
-// SplitPlanFwd splits, else 128 x kNarrowTileN (NarrowN) or 128x128.
+// SplitPlanFwd splits (TF32 only, so instantiated for float only), else 128 x kNarrowTileN (NarrowN) or 128x128.
 template <template <class, int> class Cfg, class T, class F>
 auto WithFwdCfg(const IgemmProblem& pr, CudaOp op, IgemmMath math, F&& f) {
-  if (SplitPlanFwd(pr, op, math).splits > 1) return f(SplitCfg<Cfg<T, kFwdTileN>>{});
+  if constexpr (cute::is_same_v<T, float>) {
+    if (SplitPlanFwd(pr, op, math).splits > 1) return f(SplitCfg<Cfg<T, kFwdTileN>>{});
+  }
   if (NarrowN(pr, op)) return f(Cfg<T, kNarrowTileN>{});
   return f(Cfg<T, kFwdTileN>{});
 }
