@@ -99,6 +99,14 @@ def test_one_timing_source_per_ratio():
     assert no_prof["lax"][0] == pytest.approx(2e-3 / 8)
 
 
+def test_commit_label_shortens_hashes_only():
+  from jaxconv.bench.report import commit_label
+  assert commit_label({"git_commit": "0123456789abcdef0123456789abcdef01234567"}) == "0123456789"
+  merged = "f5a4b61 (bfloat16), 21080b2 (float32)"  # a merge's --commit names several runs: kept whole
+  assert commit_label({"git_commit": merged}) == merged
+  assert commit_label({}) == "?"
+
+
 def test_t_quantile_matches_tables():
   assert stats.t_quantile(0.95, 10) == pytest.approx(1.8125, abs=1e-4)  # two-sided 90%, 10 dof
   assert stats.t_quantile(0.975, 3) == pytest.approx(3.1824, abs=1e-4)

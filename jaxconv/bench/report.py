@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 from . import cases as _cases
 from .device import best_path_peak, jaxconv_path_peak
@@ -24,6 +25,12 @@ METHOD = ("Device time per op = slope b of a least-squares fit wall = a + b*T, T
 
 def _fin(v):
     return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def commit_label(meta: dict) -> str:
+    """The run's commit for titles: full hashes cut to 10 digits, other text (a merge's "abc (bf16), def
+    (float32)") kept whole."""
+    return re.sub(r"\b([0-9a-f]{10})[0-9a-f]+\b", r"\1", meta.get("git_commit") or "?")
 
 
 def derive(entry: dict, peaks: dict, jaxconv_tc: bool) -> dict:
@@ -135,7 +142,7 @@ def write_markdown(path, meta, peaks, entries, errors, impls):
     L = []
     L.append(f"# jaxconv benchmark: {meta.get('device_kind')} ({meta.get('platform')})\n")
     L.append(f"- date {meta.get('date')}, jax {meta.get('jax')}, jaxlib {meta.get('jaxlib')}, git "
-             f"{(meta.get('git_commit') or '?')[:12]}{' (dirty)' if meta.get('git_dirty') else ''}, host "
+             f"{commit_label(meta)}{' (dirty)' if meta.get('git_dirty') else ''}, host "
              f"{meta.get('host')}")
     L.append(f"- peaks: {peaks.get('notes')}")
     L.append(f"- floor 'best' = best path for the dtype; 'jc path' = jaxconv's own path "
@@ -218,7 +225,7 @@ def write_plots(out_dir, meta, peaks, entries, jaxconv_tc):
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
         fig.colorbar(im, ax=ax, label="lax / jaxconv time\n(>1: jaxconv faster)", fraction=0.05, pad=0.02)
         ax.set_title(f"jaxconv speedup over lax.conv_general_dilated\n{meta.get('device_kind')}, jax {meta.get('jax')}, "
-                     f"git {(meta.get('git_commit') or '?')[:10]}", fontsize=9)
+                     f"git {commit_label(meta)}", fontsize=9)
         fig.tight_layout()
         p = os.path.join(out_dir, "speedup.png")
         fig.savefig(p, dpi=110)
