@@ -155,9 +155,10 @@ struct WgradCfg {
   using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
 };
 
-// fprop/dgrad split over the reduction (small grids, SplitPlanFwd): Cfg's mainloop on 128x128 tiles with a
-// register-direct f32 epilogue. D is the output's (pixels, channels) matrix in f32, modes ((q,p,z,n), ch, l), the L
-// stride separating the splits' slices; ReduceSplitsEpilogue adds them and applies bias, activation and rounding.
+// fprop/dgrad split over the reduction (SplitPlanFwd: only the TF32 forward on small grids takes it): Cfg's mainloop on
+// 128x128 tiles with a register-direct f32 epilogue. D is the output's (pixels, channels) matrix in f32, modes
+// ((q,p,z,n), ch, l), the L stride separating the splits' slices; ReduceSplitsEpilogue adds them and applies bias,
+// activation and rounding.
 using SplitStrideD = cute::Stride<cute::Stride<int64_t, int64_t, int64_t, int64_t>, _1, int64_t>;
 
 template <class Cfg>
@@ -179,7 +180,7 @@ struct SplitCfg {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// Split-K (wgrad, and fprop/dgrad on small grids): the body of CUTLASS's non-persistent warp-specialised kernel
+// Split-K (wgrad, and the TF32 forward on small grids): the body of CUTLASS's non-persistent warp-specialised kernel
 // (GemmUniversal for KernelTmaWarpSpecialized, sm90_gemm_tma_warpspecialized.hpp), with two changes: block z runs
 // only its range of k tiles, and the epilogue sees L = splits with l = blockIdx.z (the L stride of dD separates
 // the slices).
@@ -625,12 +626,12 @@ size_t WgradWorkspace(const IgemmProblem& pr) {
   return static_cast<size_t>(plan.splits * dw_elems) * sizeof(float);
 }
 
-// fprop/dgrad split over the reduction, TF32 only: when the op's GEMM N (fprop k, dgrad c) is over 64 and the
-// 128x128 tiles fill at most half the SMs, the reduction is cut into `splits` ranges so that tiles * splits still
-// fits one wave; at least kMinSplitKTiles k tiles per split. ResNet-50 res5 3x3 at batch 32 (52 tiles of 144 TF32
-// k tiles; unsplit, 104 half-width tiles with each block's second consumer warpgroup idle), H200, kernel times of
-// the same build: TF32 fwd 47.5 -> 42.1 µs, TF32 data gradient (the flipped forward) 50.8 -> 46.3; bf16 fwd 29.5
-// -> 30.1 and dgrad 29.3 -> 30.6, so 16-bit problems keep the unsplit plan.
+// fprop/dgrad split over the reduction, TF32 only (so the forward only: there is no TF32 dgrad here): when the op's
+// GEMM N (fprop k, dgrad c) is over 64 and the 128x128 tiles fill at most half the SMs, the reduction is cut into
+// `splits` ranges so that tiles * splits still fits one wave; at least kMinSplitKTiles k tiles per split. ResNet-50
+// res5 3x3 at batch 32 (52 tiles of 144 TF32 k tiles; unsplit, 104 half-width tiles with each block's second consumer
+// warpgroup idle), H200, kernel times of the same build: TF32 fwd 47.5 -> 42.1 µs, TF32 data gradient (the flipped
+// forward) 50.8 -> 46.3; bf16 fwd 29.5 -> 30.1 and dgrad 29.3 -> 30.6, so 16-bit problems keep the unsplit plan.
 constexpr int64_t kMinSplitKTiles = 8;
 SplitPlan SplitPlanFwd(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
   SplitPlan plan;
