@@ -50,6 +50,14 @@
 #define JAXCONV_GEMM1X1_KERNELS 0
 #endif
 
+// One operand type's kernels per part: CMake compiles this file once for each JAXCONV_GEMM1X1_PART (1 bf16, 2 f16,
+// 3 float as TF32 and the entry points), so the three sets of CUTLASS instantiations build in parallel; 0 (no
+// define): all of them in one translation unit.
+// Helpers that some parts do not call are [[maybe_unused]].
+#ifndef JAXCONV_GEMM1X1_PART
+#define JAXCONV_GEMM1X1_PART 0
+#endif
+
 namespace jaxconv {
 namespace cuda {
 #if JAXCONV_GEMM1X1_KERNELS
@@ -73,7 +81,7 @@ Dims DimsOf(const ConvParams& p) { return {p.n[0] * SpatialCount(p.in), p.c[0], 
 
 // Everything but the kernels' own can_implement. float32 runs here only as TF32 (DEFAULT precision, as lax);
 // HIGH and HIGHEST take the conv kernels' 3xTF32.
-bool BasicSupports(const ConvParams& p, CudaOp op, DT in, DT out) {
+[[maybe_unused]] bool BasicSupports(const ConvParams& p, CudaOp op, DT in, DT out) {
   const bool tf32 = in == DT::kF32 && p.precision[0] == kPrecisionDefault;
   if (in != DT::kBF16 && in != DT::kF16 && !tf32) return false;
   if (op == CudaOp::kWgrad ? (out != in && out != DT::kF32) : out != in) return false;
@@ -366,31 +374,85 @@ struct Variant {
   static constexpr int kN = TN, kM = TM;
 };
 
-// Calls f(Variant<...>{}) with the problem's operand type (bf16, f16, float as TF32) and tiles.
-template <class F>
-auto WithVariant(const ConvParams& p, CudaOp op, DT in, F&& f) {
+// Calls f(Variant<T, ...>{}) with the problem's tiles for operand type T (bf16, f16, float as TF32).
+template <class T, class F>
+auto WithVariant(const ConvParams& p, CudaOp op, F&& f) {
   const Dims g = DimsOf(p);
   const bool narrow = NarrowN(g, op), wide_m = op == CudaOp::kFwd && !narrow && g.c <= 64;
-  switch (in) {
-    case DT::kBF16:
-      if (wide_m) return f(Variant<cutlass::bfloat16_t, kTileN, kWideTileM>{});
-      return narrow ? f(Variant<cutlass::bfloat16_t, kNarrowTileN>{}) : f(Variant<cutlass::bfloat16_t, kTileN>{});
-    case DT::kF16:
-      if (wide_m) return f(Variant<cutlass::half_t, kTileN, kWideTileM>{});
-      return narrow ? f(Variant<cutlass::half_t, kNarrowTileN>{}) : f(Variant<cutlass::half_t, kTileN>{});
-    default:  // TF32: not measured with the wide tiles
-      return narrow ? f(Variant<float, kNarrowTileN>{}) : f(Variant<float, kTileN>{});
+  if constexpr (!kTf32<T>) {  // TF32: not measured with the wide tiles
+    if (wide_m) return f(Variant<T, kTileN, kWideTileM>{});
   }
+  return narrow ? f(Variant<T, kNarrowTileN>{}) : f(Variant<T, kTileN>{});
+}
+
+template <class T>
+bool SupportsOf(const ConvParams& p, CudaOp op) {
+  return WithVariant<T>(p, op, [&](auto v) {
+    return KernelsImplement<T, decltype(v)::kN, decltype(v)::kM>(DimsOf(p), op);
+  });
+}
+
+template <class T>
+size_t WorkspaceOf(const ConvParams& p, CudaOp op) {
+  return WithVariant<T>(p, op, [&](auto v) {
+    const Dims g = DimsOf(p);
+    const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>()) : 0;
+    return partial + AlignUp(KernelWorkspace<T, decltype(v)::kN, decltype(v)::kM>(g, op));
+  });
+}
+
+template <class T>
+cudaError_t RunOf(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b, const void* bias,
+                  void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
+  return WithVariant<T>(p, op, [&](auto v) {
+    return RunTyped<T, decltype(v)::kN, decltype(v)::kM>(p, op, in, out, a, b, bias, out_buf, workspace,
+                                                         workspace_bytes, s);
+  });
 }
 }  // namespace
+
+// Each operand type's entry points, defined in its part (JAXCONV_GEMM1X1_PART, at the top).
+namespace gemm1x1 {
+#define JAXCONV_GEMM1X1_DECLARE(NAME)                                                                         \
+  bool Supports##NAME(const ConvParams& p, CudaOp op);                                                      \
+  size_t Workspace##NAME(const ConvParams& p, CudaOp op);                                                   \
+  cudaError_t Run##NAME(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,        \
+                        const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s);
+JAXCONV_GEMM1X1_DECLARE(BF16)
+JAXCONV_GEMM1X1_DECLARE(F16)
+JAXCONV_GEMM1X1_DECLARE(TF32)
+#undef JAXCONV_GEMM1X1_DECLARE
+
+#define JAXCONV_GEMM1X1_DEFINE(NAME, T)                                                                          \
+  bool Supports##NAME(const ConvParams& p, CudaOp op) { return SupportsOf<T>(p, op); }                       \
+  size_t Workspace##NAME(const ConvParams& p, CudaOp op) { return WorkspaceOf<T>(p, op); }                   \
+  cudaError_t Run##NAME(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,         \
+                        const void* bias, void* out_buf, void* workspace, size_t workspace_bytes,           \
+                        cudaStream_t s) {                                                                    \
+    return RunOf<T>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);                     \
+  }
+#if JAXCONV_GEMM1X1_PART == 0 || JAXCONV_GEMM1X1_PART == 1
+JAXCONV_GEMM1X1_DEFINE(BF16, cutlass::bfloat16_t)
+#endif
+#if JAXCONV_GEMM1X1_PART == 0 || JAXCONV_GEMM1X1_PART == 2
+JAXCONV_GEMM1X1_DEFINE(F16, cutlass::half_t)
+#endif
+#if JAXCONV_GEMM1X1_PART == 0 || JAXCONV_GEMM1X1_PART == 3
+JAXCONV_GEMM1X1_DEFINE(TF32, float)
+#endif
+#undef JAXCONV_GEMM1X1_DEFINE
+}  // namespace gemm1x1
 #endif  // JAXCONV_GEMM1X1_KERNELS
 
+#if JAXCONV_GEMM1X1_PART == 0 || JAXCONV_GEMM1X1_PART == 3
 bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out) {
 #if JAXCONV_GEMM1X1_KERNELS
   if (!BasicSupports(p, op, in, out)) return false;
-  return WithVariant(p, op, in, [&](auto v) {
-    return KernelsImplement<typename decltype(v)::Type, decltype(v)::kN, decltype(v)::kM>(DimsOf(p), op);
-  });
+  switch (in) {
+    case DT::kBF16: return gemm1x1::SupportsBF16(p, op);
+    case DT::kF16: return gemm1x1::SupportsF16(p, op);
+    default: return gemm1x1::SupportsTF32(p, op);  // BasicSupports: float32 at DEFAULT
+  }
 #else
   (void)p, (void)op, (void)in, (void)out;
   return false;
@@ -400,12 +462,11 @@ bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out) {
 size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out) {
 #if JAXCONV_GEMM1X1_KERNELS
   if (!Gemm1x1Sm90Supports(p, op, in, out)) return 0;
-  return WithVariant(p, op, in, [&](auto v) {
-    using T = typename decltype(v)::Type;
-    const Dims g = DimsOf(p);
-    const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>()) : 0;
-    return partial + AlignUp(KernelWorkspace<T, decltype(v)::kN, decltype(v)::kM>(g, op));
-  });
+  switch (in) {
+    case DT::kBF16: return gemm1x1::WorkspaceBF16(p, op);
+    case DT::kF16: return gemm1x1::WorkspaceF16(p, op);
+    default: return gemm1x1::WorkspaceTF32(p, op);
+  }
 #else
   (void)p, (void)op, (void)in, (void)out;
   return 0;
@@ -421,16 +482,18 @@ cudaError_t Gemm1x1Sm90Run(const ConvParams& p, CudaOp op, DT in, DT out, const 
   if (!Aligned16(a) || !Aligned16(b) || !Aligned16(out_buf)) return cudaErrorNotSupported;
   if (op == CudaOp::kFwd && p.has_bias[0] && (bias == nullptr || !Aligned16(bias))) return cudaErrorNotSupported;
   if (workspace != nullptr && !Aligned16(workspace)) return cudaErrorNotSupported;
-  return WithVariant(p, op, in, [&](auto v) {
-    return RunTyped<typename decltype(v)::Type, decltype(v)::kN, decltype(v)::kM>(p, op, in, out, a, b, bias, out_buf,
-                                                                                 workspace, workspace_bytes, s);
-  });
+  switch (in) {
+    case DT::kBF16: return gemm1x1::RunBF16(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+    case DT::kF16: return gemm1x1::RunF16(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+    default: return gemm1x1::RunTF32(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+  }
 #else
   (void)p, (void)op, (void)in, (void)out, (void)a, (void)b, (void)bias, (void)out_buf, (void)workspace;
   (void)workspace_bytes, (void)s;
   return cudaErrorNotSupported;
 #endif
 }
+#endif  // the entry points' part
 
 }  // namespace cuda
 }  // namespace jaxconv

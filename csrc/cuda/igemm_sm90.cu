@@ -55,6 +55,14 @@
 #define JAXCONV_SM90_KERNELS 0
 #endif
 
+// One op's kernels per part: CMake compiles this file once for each JAXCONV_SM90_PART (1 fprop, 2 dgrad, 3 wgrad
+// and the entry points), so the three sets of CUTLASS instantiations build in parallel; 0 (no define): all of them
+// in one translation unit.
+// Helpers that some parts do not call are [[maybe_unused]].
+#ifndef JAXCONV_SM90_PART
+#define JAXCONV_SM90_PART 0
+#endif
+
 namespace jaxconv {
 namespace cuda {
 
@@ -517,8 +525,8 @@ __device__ __forceinline__ float4 SumSplits(const float4* __restrict__ part, int
 }
 
 // dw[e] = sum_{s < splits} part[s * count + e]. count % 4 == 0, 16-byte aligned.
-__global__ void ReduceWgradSplits(const float4* __restrict__ part, int64_t splits, int64_t count4,
-                                  float4* __restrict__ dw) {
+[[maybe_unused]] __global__ void ReduceWgradSplits(const float4* __restrict__ part, int64_t splits,
+                                                   int64_t count4, float4* __restrict__ dw) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count4; e += int64_t(gridDim.x) * blockDim.x) {
     dw[e] = SumSplits(part, splits, count4, e);
   }
@@ -548,7 +556,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // What CUTLASS's can_implement does not check but the kernels or TMA need, plus bounds that keep CUTLASS's int
 // arithmetic (ConvProblemShape holds int extents) from overflowing before can_implement runs.
-bool BasicChecks(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+[[maybe_unused]] bool BasicChecks(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
   if (math == IgemmMath::k3xTF32) return false;             // igemm_sm80.cu
   if (math == IgemmMath::kTF32 && op != CudaOp::kFwd) return false;  // tf32 wgmma is K-major only
   const int64_t align = math == IgemmMath::kTF32 ? 4 : 8;   // 16-byte rows for TMA
@@ -619,7 +627,7 @@ SplitPlan WgradPlan(const IgemmProblem& pr) {
   return best;
 }
 
-size_t WgradWorkspace(const IgemmProblem& pr) {
+[[maybe_unused]] size_t WgradWorkspace(const IgemmProblem& pr) {
   const SplitPlan plan = WgradPlan(pr);
   if (plan.splits <= 1) return 0;
   const int64_t dw_elems = pr.k * pr.win[0] * pr.win[1] * pr.win[2] * pr.c;
@@ -654,7 +662,7 @@ SplitPlan SplitPlanFwd(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
   return plan;
 }
 
-size_t SplitFwdWorkspace(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+[[maybe_unused]] size_t SplitFwdWorkspace(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
   const SplitPlan plan = SplitPlanFwd(pr, op, math);
   if (plan.splits <= 1) return 0;
   const int64_t pixels = op == CudaOp::kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
@@ -773,7 +781,7 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
 // Whether an unsplit fprop/dgrad (SplitPlanFwd first) takes the 128 x kNarrowTileN tiles: GEMM N at most 64, or
 // fewer 128x128 tiles than an H100 has SMs, where half-width tiles put twice as many SMs to work. kPlanSms, not
 // the device's count: Supports must not query the device.
-bool NarrowN(const IgemmProblem& pr, CudaOp op) {
+[[maybe_unused]] bool NarrowN(const IgemmProblem& pr, CudaOp op) {
   const int64_t n = op == CudaOp::kFwd ? pr.k : pr.c;
   if (n <= kNarrowTileN) return true;
   const int64_t pixels = op == CudaOp::kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
@@ -782,7 +790,7 @@ bool NarrowN(const IgemmProblem& pr, CudaOp op) {
 
 // The current device's multiprocessors (cached per device; an attribute query does not synchronise): the
 // ping-pong kernel runs one block per SM.
-int64_t MultiprocessorCount() {
+[[maybe_unused]] int64_t MultiprocessorCount() {
   static std::atomic<int> cache[64];
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return kPlanSms;
@@ -917,28 +925,77 @@ auto WithFwdCfg(const IgemmProblem& pr, CudaOp op, IgemmMath math, F&& f) {
 }
 
 }  // namespace
+
+// Each part's ops (JAXCONV_SM90_PART, at the top).
+namespace sm90 {
+bool FwdSupports(const IgemmProblem& pr, IgemmMath math);
+cudaError_t FwdRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream);
+bool DgradSupports(const IgemmProblem& pr, IgemmMath math);
+cudaError_t DgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream);
+bool WgradSupports(const IgemmProblem& pr, IgemmMath math);
+cudaError_t WgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream);
+
+#if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 1
+bool FwdSupports(const IgemmProblem& pr, IgemmMath math) {
+  constexpr CudaOp op = CudaOp::kFwd;
+  auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
+  if (math == IgemmMath::kBF16) return WithFwdCfg<FpropCfg, cutlass::bfloat16_t>(pr, op, math, can);
+  if (math == IgemmMath::kF16) return WithFwdCfg<FpropCfg, cutlass::half_t>(pr, op, math, can);
+  return WithFwdCfg<FpropCfg, float>(pr, op, math, can);
+}
+
+cudaError_t FwdRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream) {
+  constexpr CudaOp op = CudaOp::kFwd;
+  // kF32 out is the operand type for tf32 (f32 operands); 16-bit operands write 16-bit only.
+  if (args.out_type != IgemmOut::kSame && math != IgemmMath::kTF32) return cudaErrorNotSupported;
+  auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
+  if (math == IgemmMath::kBF16) return WithFwdCfg<FpropCfg, cutlass::bfloat16_t>(pr, op, math, run);
+  if (math == IgemmMath::kF16) return WithFwdCfg<FpropCfg, cutlass::half_t>(pr, op, math, run);
+  return WithFwdCfg<FpropCfg, float>(pr, op, math, run);
+}
+#endif
+
+#if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 2
+bool DgradSupports(const IgemmProblem& pr, IgemmMath math) {
+  constexpr CudaOp op = CudaOp::kDgrad;
+  auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
+  if (math == IgemmMath::kBF16) return WithFwdCfg<DgradCfg, cutlass::bfloat16_t>(pr, op, math, can);
+  return WithFwdCfg<DgradCfg, cutlass::half_t>(pr, op, math, can);
+}
+
+cudaError_t DgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream) {
+  constexpr CudaOp op = CudaOp::kDgrad;
+  if (args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
+  auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
+  if (math == IgemmMath::kBF16) return WithFwdCfg<DgradCfg, cutlass::bfloat16_t>(pr, op, math, run);
+  return WithFwdCfg<DgradCfg, cutlass::half_t>(pr, op, math, run);
+}
+#endif
+
+#if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 3
+bool WgradSupports(const IgemmProblem& pr, IgemmMath math) {
+  auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
+  if (math == IgemmMath::kBF16) return WithWgradCfg<cutlass::bfloat16_t>(pr, can);
+  return WithWgradCfg<cutlass::half_t>(pr, can);
+}
+
+cudaError_t WgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream) {
+  auto run = [&](auto cfg) { return RunWgrad<decltype(cfg)>(pr, args, stream); };
+  if (math == IgemmMath::kBF16) return WithWgradCfg<cutlass::bfloat16_t>(pr, run);
+  return WithWgradCfg<cutlass::half_t>(pr, run);
+}
+#endif
+}  // namespace sm90
 #endif  // JAXCONV_SM90_KERNELS
 
+#if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 3
 bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
 #if JAXCONV_SM90_KERNELS
   if (!BasicChecks(pr, op, math)) return false;
   switch (op) {
-    case CudaOp::kFwd: {
-      auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
-      if (math == IgemmMath::kBF16) return WithFwdCfg<FpropCfg, cutlass::bfloat16_t>(pr, op, math, can);
-      if (math == IgemmMath::kF16) return WithFwdCfg<FpropCfg, cutlass::half_t>(pr, op, math, can);
-      return WithFwdCfg<FpropCfg, float>(pr, op, math, can);
-    }
-    case CudaOp::kDgrad: {
-      auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
-      if (math == IgemmMath::kBF16) return WithFwdCfg<DgradCfg, cutlass::bfloat16_t>(pr, op, math, can);
-      return WithFwdCfg<DgradCfg, cutlass::half_t>(pr, op, math, can);
-    }
-    case CudaOp::kWgrad:
-      if (math == IgemmMath::kBF16) {
-        return WithWgradCfg<cutlass::bfloat16_t>(pr, [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); });
-      }
-      return WithWgradCfg<cutlass::half_t>(pr, [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); });
+    case CudaOp::kFwd: return sm90::FwdSupports(pr, math);
+    case CudaOp::kDgrad: return sm90::DgradSupports(pr, math);
+    case CudaOp::kWgrad: return sm90::WgradSupports(pr, math);
   }
   return false;
 #else
@@ -967,26 +1024,9 @@ cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
 #if JAXCONV_SM90_KERNELS
   if (!BasicChecks(pr, op, math)) return cudaErrorNotSupported;
   switch (op) {
-    case CudaOp::kFwd: {
-      // kF32 out is the operand type for tf32 (f32 operands); 16-bit operands write 16-bit only.
-      if (args.out_type != IgemmOut::kSame && math != IgemmMath::kTF32) return cudaErrorNotSupported;
-      auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
-      if (math == IgemmMath::kBF16) return WithFwdCfg<FpropCfg, cutlass::bfloat16_t>(pr, op, math, run);
-      if (math == IgemmMath::kF16) return WithFwdCfg<FpropCfg, cutlass::half_t>(pr, op, math, run);
-      return WithFwdCfg<FpropCfg, float>(pr, op, math, run);
-    }
-    case CudaOp::kDgrad: {
-      if (args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
-      auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
-      if (math == IgemmMath::kBF16) return WithFwdCfg<DgradCfg, cutlass::bfloat16_t>(pr, op, math, run);
-      return WithFwdCfg<DgradCfg, cutlass::half_t>(pr, op, math, run);
-    }
-    case CudaOp::kWgrad:
-      if (math == IgemmMath::kBF16) {
-        return WithWgradCfg<cutlass::bfloat16_t>(
-            pr, [&](auto cfg) { return RunWgrad<decltype(cfg)>(pr, args, stream); });
-      }
-      return WithWgradCfg<cutlass::half_t>(pr, [&](auto cfg) { return RunWgrad<decltype(cfg)>(pr, args, stream); });
+    case CudaOp::kFwd: return sm90::FwdRun(pr, math, args, stream);
+    case CudaOp::kDgrad: return sm90::DgradRun(pr, math, args, stream);
+    case CudaOp::kWgrad: return sm90::WgradRun(pr, math, args, stream);
   }
   return cudaErrorNotSupported;
 #else
@@ -998,6 +1038,7 @@ cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
   return cudaErrorNotSupported;
 #endif
 }
+#endif  // the entry points' part
 
 }  // namespace cuda
 }  // namespace jaxconv
