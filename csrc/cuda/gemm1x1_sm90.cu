@@ -370,7 +370,6 @@ cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* 
 // types.
 template <class T, int TN, int TM = kTileM>
 struct Variant {
-  using Type = T;
   static constexpr int kN = TN, kM = TM;
 };
 
@@ -413,23 +412,23 @@ cudaError_t RunOf(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, 
 
 // Each operand type's entry points, defined in its part (JAXCONV_GEMM1X1_PART, at the top).
 namespace gemm1x1 {
-#define JAXCONV_GEMM1X1_DECLARE(NAME)                                                                         \
-  bool Supports##NAME(const ConvParams& p, CudaOp op);                                                      \
-  size_t Workspace##NAME(const ConvParams& p, CudaOp op);                                                   \
-  cudaError_t Run##NAME(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,        \
+#define JAXCONV_GEMM1X1_DECLARE(NAME)                                                                                 \
+  bool Supports##NAME(const ConvParams& p, CudaOp op);                                                                \
+  size_t Workspace##NAME(const ConvParams& p, CudaOp op);                                                             \
+  cudaError_t Run##NAME(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,                  \
                         const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s);
 JAXCONV_GEMM1X1_DECLARE(BF16)
 JAXCONV_GEMM1X1_DECLARE(F16)
 JAXCONV_GEMM1X1_DECLARE(TF32)
 #undef JAXCONV_GEMM1X1_DECLARE
 
-#define JAXCONV_GEMM1X1_DEFINE(NAME, T)                                                                          \
-  bool Supports##NAME(const ConvParams& p, CudaOp op) { return SupportsOf<T>(p, op); }                       \
-  size_t Workspace##NAME(const ConvParams& p, CudaOp op) { return WorkspaceOf<T>(p, op); }                   \
-  cudaError_t Run##NAME(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,         \
-                        const void* bias, void* out_buf, void* workspace, size_t workspace_bytes,           \
-                        cudaStream_t s) {                                                                    \
-    return RunOf<T>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);                     \
+#define JAXCONV_GEMM1X1_DEFINE(NAME, T)                                                                               \
+  bool Supports##NAME(const ConvParams& p, CudaOp op) { return SupportsOf<T>(p, op); }                                \
+  size_t Workspace##NAME(const ConvParams& p, CudaOp op) { return WorkspaceOf<T>(p, op); }                            \
+  cudaError_t Run##NAME(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,                  \
+                        const void* bias, void* out_buf, void* workspace, size_t workspace_bytes,                     \
+                        cudaStream_t s) {                                                                             \
+    return RunOf<T>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);                              \
   }
 #if JAXCONV_GEMM1X1_PART == 0 || JAXCONV_GEMM1X1_PART == 1
 JAXCONV_GEMM1X1_DEFINE(BF16, cutlass::bfloat16_t)
