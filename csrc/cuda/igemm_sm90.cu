@@ -163,10 +163,9 @@ struct WgradCfg {
   using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
 };
 
-// fprop/dgrad split over the reduction (SplitPlanFwd: only the TF32 forward on small grids takes it): Cfg's mainloop on
-// 128x128 tiles with a register-direct f32 epilogue. D is the output's (pixels, channels) matrix in f32, modes
-// ((q,p,z,n), ch, l), the L stride separating the splits' slices; ReduceSplitsEpilogue adds them and applies bias,
-// activation and rounding.
+// The forward split over the reduction (SplitPlanFwd: TF32 on small grids): Cfg's mainloop on 128x128 tiles with a
+// register-direct f32 epilogue. D is the output's (pixels, channels) matrix in f32, modes ((q,p,z,n), ch, l), the L
+// stride separating the splits' slices; ReduceSplitsEpilogue adds them and applies bias and activation.
 using SplitStrideD = cute::Stride<cute::Stride<int64_t, int64_t, int64_t, int64_t>, _1, int64_t>;
 
 template <class Cfg>
@@ -533,7 +532,7 @@ __device__ __forceinline__ float4 SumSplits(const float4* __restrict__ part, int
 }
 
 // out[e] = act(sum_{s < splits} part[s * count + e] + bias[e % ch]) rounded to T; 4 consecutive elements per step
-// (ch % 4 == 0, so they share a row). bias may be null (fprop without bias, dgrad).
+// (ch % 4 == 0, so they share a row). bias may be null.
 template <class T>
 __global__ void ReduceSplitsEpilogue(const float4* __restrict__ part, int64_t splits, int64_t count4, int64_t ch,
                                      const T* __restrict__ bias, int act,
@@ -634,39 +633,36 @@ SplitPlan WgradPlan(const IgemmProblem& pr) {
   return static_cast<size_t>(plan.splits * dw_elems) * sizeof(float);
 }
 
-// fprop/dgrad split over the reduction, TF32 only (so the forward only: there is no TF32 dgrad here): when the op's
-// GEMM N (fprop k, dgrad c) is over 64 and the 128x128 tiles fill at most half the SMs, the reduction is cut into
-// `splits` ranges so that tiles * splits still fits one wave; at least kMinSplitKTiles k tiles per split. ResNet-50
+// The TF32 forward split over the reduction: when the GEMM N (k) is over 64 and the 128x128 tiles fill at most half
+// the SMs, the reduction is cut into `splits` ranges so that tiles * splits still fits one wave; at least
+// kMinSplitKTiles k tiles per split. ResNet-50
 // res5 3x3 at batch 32 (52 tiles of 144 TF32 k tiles; unsplit, 104 half-width tiles with each block's second consumer
 // warpgroup idle), H200, kernel times of the same build: TF32 fwd 47.5 -> 42.1 µs, TF32 data gradient (the flipped
 // forward) 50.8 -> 46.3; bf16 fwd 29.5 -> 30.1 and dgrad 29.3 -> 30.6, so 16-bit problems keep the unsplit plan.
 constexpr int64_t kMinSplitKTiles = 8;
-SplitPlan SplitPlanFwd(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+SplitPlan SplitPlanFwd(const IgemmProblem& pr, IgemmMath math) {
   SplitPlan plan;
   if (math != IgemmMath::kTF32) return plan;
-  const bool fwd = op == CudaOp::kFwd;
-  const int64_t n = fwd ? pr.k : pr.c, red = fwd ? pr.c : pr.k;
-  const int64_t pixels = fwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
+  const int64_t pixels = pr.out[0] * pr.out[1] * pr.out[2];
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
   constexpr int64_t tile_k = 32;  // FpropCfg<float>: 128-byte rows
-  const int64_t k_tiles = taps * CeilDiv(red, tile_k);
+  const int64_t k_tiles = taps * CeilDiv(pr.c, tile_k);
   plan.k_tiles_per_split = k_tiles;
-  if (n <= kNarrowTileN) return plan;
-  const int64_t tiles = CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(n, kFwdTileN);
+  if (pr.k <= kNarrowTileN) return plan;
+  const int64_t tiles = CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(pr.k, kFwdTileN);
   const int64_t s = std::min(kPlanSms / tiles, k_tiles / kMinSplitKTiles);
   if (s < 2) return plan;
   const int64_t per = CeilDiv(k_tiles, s), splits = CeilDiv(k_tiles, per);
-  if (splits < 2 || splits * pr.n * pixels * n * int64_t(sizeof(float)) > kMaxSplitWorkspace) return plan;
+  if (splits < 2 || splits * pr.n * pixels * pr.k * int64_t(sizeof(float)) > kMaxSplitWorkspace) return plan;
   plan.splits = splits;
   plan.k_tiles_per_split = per;
   return plan;
 }
 
-[[maybe_unused]] size_t SplitFwdWorkspace(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
-  const SplitPlan plan = SplitPlanFwd(pr, op, math);
+[[maybe_unused]] size_t SplitFwdWorkspace(const IgemmProblem& pr, IgemmMath math) {
+  const SplitPlan plan = SplitPlanFwd(pr, math);
   if (plan.splits <= 1) return 0;
-  const int64_t pixels = op == CudaOp::kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
-  return static_cast<size_t>(plan.splits * pr.n * pixels * (op == CudaOp::kFwd ? pr.k : pr.c)) * sizeof(float);
+  return static_cast<size_t>(plan.splits * pr.n * pr.out[0] * pr.out[1] * pr.out[2] * pr.k) * sizeof(float);
 }
 
 template <Operator Op>
@@ -806,16 +802,15 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
   return sms;
 }
 
-// SplitCfg: the split kernel into f32 slices in the workspace, then ReduceSplitsEpilogue into the output.
+// SplitCfg (forward): the split kernel into f32 slices in the workspace, then ReduceSplitsEpilogue into y.
 template <class Cfg>
-cudaError_t RunSplitFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, IgemmMath math, cudaStream_t stream) {
+cudaError_t RunSplitFwd(const IgemmProblem& pr, const IgemmArgs& a, IgemmMath math, cudaStream_t stream) {
+  static_assert(Cfg::kOp == Operator::kFprop, "SplitPlanFwd plans the forward only");
   using Base = typename Cfg::Kernel;
   using Split = SplitKKernel<Base>;
-  constexpr bool kFwd = Cfg::kOp == Operator::kFprop;
-  const CudaOp op = kFwd ? CudaOp::kFwd : CudaOp::kDgrad;
-  const SplitPlan plan = SplitPlanFwd(pr, op, math);
+  const SplitPlan plan = SplitPlanFwd(pr, math);
   if (plan.splits <= 1) return cudaErrorNotSupported;
-  if (a.workspace == nullptr || !Aligned16(a.workspace) || a.workspace_bytes < SplitFwdWorkspace(pr, op, math)) {
+  if (a.workspace == nullptr || !Aligned16(a.workspace) || a.workspace_bytes < SplitFwdWorkspace(pr, math)) {
     return cudaErrorInvalidValue;
   }
   const auto args = MakeArguments<Cfg>(pr, a, a.workspace);
@@ -825,21 +820,20 @@ cudaError_t RunSplitFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, Igemm
   params.k_tiles_per_split = int(plan.k_tiles_per_split);
   params.splits = int(plan.splits);
   dim3 grid = Base::get_grid_shape(params.base);  // (m tiles, n tiles, 1)
-  const int64_t pixels = kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
-  const int64_t ch = kFwd ? pr.k : pr.c;
-  if (int64_t(grid.x) != CeilDiv(pr.n * pixels, kFwdTileM) || int64_t(grid.y) != CeilDiv(ch, kFwdTileN) ||
+  const int64_t pixels = pr.out[0] * pr.out[1] * pr.out[2];
+  if (int64_t(grid.x) != CeilDiv(pr.n * pixels, kFwdTileM) || int64_t(grid.y) != CeilDiv(pr.k, kFwdTileN) ||
       grid.z != 1) {
     return cudaErrorNotSupported;  // the plan's tile count
   }
   grid.z = unsigned(plan.splits);
   if (const cudaError_t e = LaunchKernel<Split>(params, grid, stream); e != cudaSuccess) return e;
   using T = typename Cfg::Element;
-  const int64_t count4 = pr.n * pixels * ch / 4;  // ch % 4 == 0 (BasicChecks)
+  const int64_t count4 = pr.n * pixels * pr.k / 4;  // k % 4 == 0 (BasicChecks)
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>(CeilDiv(count4, threads), 16 * kPlanSms);
   ReduceSplitsEpilogue<T><<<unsigned(blocks), threads, 0, stream>>>(
-      static_cast<const float4*>(a.workspace), plan.splits, count4, ch, kFwd ? static_cast<const T*>(a.bias) : nullptr,
-      kFwd ? int(a.act) : int(kActNone), static_cast<cutlass::AlignedArray<T, 4>*>(a.out));
+      static_cast<const float4*>(a.workspace), plan.splits, count4, pr.k, static_cast<const T*>(a.bias), int(a.act),
+      static_cast<cutlass::AlignedArray<T, 4>*>(a.out));
   return cudaGetLastError();
 }
 
@@ -850,7 +844,7 @@ cudaError_t RunFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, IgemmMath 
   if (!Aligned16(a.a) || !Aligned16(a.b) || !Aligned16(a.out)) return cudaErrorInvalidValue;
   if (kFwd && (!Aligned16(a.bias) || a.act < kActNone || a.act > kActSilu)) return cudaErrorInvalidValue;
   if constexpr (Cfg::kSplit) {
-    return RunSplitFwdOrDgrad<Cfg>(pr, a, math, stream);
+    return RunSplitFwd<Cfg>(pr, a, math, stream);
   } else {
     const auto args = MakeArguments<Cfg>(pr, a, a.out);
     if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Kernel::can_implement(args)) return cudaErrorNotSupported;
@@ -914,11 +908,12 @@ auto WithWgradCfg(const IgemmProblem& pr, F&& f) {
 }
 
 // Calls f(Cfg<T, tile N>{}) (FpropCfg or DgradCfg) with the problem's tiles: SplitCfg on 128x128 tiles when
-// SplitPlanFwd splits (TF32 only, so instantiated for float only), else 128 x kNarrowTileN (NarrowN) or 128x128.
+// SplitPlanFwd splits (the TF32 forward, so instantiated for FpropCfg<float> only), else 128 x kNarrowTileN
+// (NarrowN) or 128x128.
 template <template <class, int> class Cfg, class T, class F>
 auto WithFwdCfg(const IgemmProblem& pr, CudaOp op, IgemmMath math, F&& f) {
-  if constexpr (cute::is_same_v<T, float>) {
-    if (SplitPlanFwd(pr, op, math).splits > 1) return f(SplitCfg<Cfg<T, kFwdTileN>>{});
+  if constexpr (cute::is_same_v<T, float> && Cfg<T, kFwdTileN>::kOp == Operator::kFprop) {
+    if (SplitPlanFwd(pr, math).splits > 1) return f(SplitCfg<Cfg<T, kFwdTileN>>{});
   }
   if (NarrowN(pr, op)) return f(Cfg<T, kNarrowTileN>{});
   return f(Cfg<T, kFwdTileN>{});
@@ -1010,7 +1005,11 @@ size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math
 #if JAXCONV_SM90_KERNELS
   // CUTLASS's conv kernel needs none; only the split partial sums.
   if (!IgemmSm90Supports(pr, op, math)) return 0;
-  return op == CudaOp::kWgrad ? WgradWorkspace(pr) : SplitFwdWorkspace(pr, op, math);
+  switch (op) {
+    case CudaOp::kFwd: return SplitFwdWorkspace(pr, math);
+    case CudaOp::kWgrad: return WgradWorkspace(pr);
+    default: return 0;
+  }
 #else
   (void)pr;
   (void)op;
