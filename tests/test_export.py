@@ -143,19 +143,24 @@ def _workspace_result_bytes(mlir_text: str, target: str) -> int:
   return int(result.split("xui8>")[0].rsplit("tensor<", 1)[1])
 
 
+def _cuda_grad_module(x, w, **conv_kw):
+  """The MLIR text of value_and_grad of sum(conv2d(x, w, algorithm="implicit_gemm", **conv_kw)), exported for CUDA
+  (lowered without a GPU)."""
+  def loss(x, w):
+    y = jaxconv.conv2d(x, w, algorithm="implicit_gemm", **conv_kw)
+    return jnp.sum(y.astype(jnp.float32))
+
+  return export.export(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), platforms=["cuda"],
+                       disabled_checks=CHECKS)(x, w).mlir_module()
+
+
 @pytest.mark.skipif(not jaxconv.build_info()["cuda"], reason="jaxconv was built without CUDA")
 def test_cuda_lowering_gives_the_tensor_core_path_its_staging_workspace():
   """On the tensor-core path every op has a workspace result: fwd and dgrad stage the filter as KTRSC (at
   least its bytes), wgrad an f32 KTRSC gradient; the bytes come from the extension, lowered here without a GPU."""
   x = jax.ShapeDtypeStruct((2, 14, 14, 64), jnp.bfloat16)
   w = jax.ShapeDtypeStruct((3, 3, 64, 32), jnp.bfloat16)
-
-  def loss(x, w):
-    return jnp.sum(jaxconv.conv2d(x, w, padding="SAME", algorithm="implicit_gemm").astype(jnp.float32))
-
-  exp = export.export(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), platforms=["cuda"],
-                      disabled_checks=CHECKS)(x, w)
-  text = exp.mlir_module()
+  text = _cuda_grad_module(x, w, padding="SAME")
   for target, least in (("jaxconv_fwd", 9 * 64 * 32 * 2), ("jaxconv_dgrad", 9 * 64 * 32 * 2),
                         ("jaxconv_wgrad", 9 * 64 * 32 * 4)):
     nbytes = _workspace_result_bytes(text, target)
@@ -169,13 +174,7 @@ def test_cuda_lowering_gives_small_grids_their_split_workspace():
   output; so does the data gradient's, which runs as the forward of dy with the flipped filter."""
   x = jax.ShapeDtypeStruct((32, 7, 7, 512), jnp.float32)
   w = jax.ShapeDtypeStruct((3, 3, 512, 512), jnp.float32)
-
-  def loss(x, w):
-    return jnp.sum(jaxconv.conv2d(x, w, padding="SAME", algorithm="implicit_gemm").astype(jnp.float32))
-
-  exp = export.export(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), platforms=["cuda"],
-                      disabled_checks=CHECKS)(x, w)
-  text = exp.mlir_module()
+  text = _cuda_grad_module(x, w, padding="SAME")
   filt, slices = 9 * 512 * 512 * 4, 2 * 32 * 7 * 7 * 512 * 4
   for target in ("jaxconv_fwd", "jaxconv_dgrad"):
     nbytes = _workspace_result_bytes(text, target)
@@ -189,15 +188,8 @@ def test_cuda_lowering_bounds_the_first_layer_workspace():
   columns) but far less than the whole batch's (128 times that, ~480 MB)."""
   x = jax.ShapeDtypeStruct((128, 224, 224, 3), jnp.bfloat16)
   w = jax.ShapeDtypeStruct((7, 7, 3, 64), jnp.bfloat16)
-
-  def loss(x, w):
-    y = jaxconv.conv2d(x, w, stride=2, padding=((3, 3), (3, 3)), algorithm="implicit_gemm")
-    return jnp.sum(y.astype(jnp.float32))
-
-  exp = export.export(jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), platforms=["cuda"],
-                      disabled_checks=CHECKS)(x, w)
+  text = _cuda_grad_module(x, w, stride=2, padding=((3, 3), (3, 3)))
   one_image = 112 * 112 * 147 * 2
-  text = exp.mlir_module()
   for target in ("jaxconv_fwd", "jaxconv_dgrad", "jaxconv_wgrad"):
     nbytes = _workspace_result_bytes(text, target)
     assert one_image <= nbytes < 128 * one_image // 4, (target, nbytes)
