@@ -60,6 +60,10 @@ CASES = [
     # The Hopper TF32 forward (and the flipped TF32 dgrad) split over the reduction into f32 slices, reduced with
     # the bias and activation: 2 tiles of 72 k tiles (9 splits), a partial M tile
     ("igemm tf32 split fwd", 2, (2, 7, 7, 256), (3, 3), 256, 1, (1, 1), (1, 1), "SAME", "implicit_gemm", "default"),
+    # The TF32 filter gradient as the swapped large-window forward (x and dy transposed, split, strided dw): a stride
+    # (the forward's dilation), odd sizes, partial tiles
+    ("igemm tf32 swapped wgrad", 2, (8, 15, 13, 40), (3, 3), 136, 1, (2, 2), (1, 1), ((1, 1), (1, 1)),
+     "implicit_gemm", "default"),
 ]
 
 

@@ -182,6 +182,27 @@ def test_cuda_lowering_gives_small_grids_their_split_workspace():
 
 
 @pytest.mark.skipif(not jaxconv.build_info()["cuda"], reason="jaxconv was built without CUDA")
+@pytest.mark.parametrize("shape, stride, swapped", [
+    ((32, 56, 56, 64), 1, True),    # ResNet-50 res2 3x3 at batch 32
+    ((32, 56, 56, 128), 2, True),   # res3's strided 3x3
+    ((30, 56, 56, 64), 1, False),   # batch % 4 != 0: the batch is the swapped forward's channel dim
+    ((4, 200, 200, 64), 1, False),  # a 200x200 window is beyond the rank-2 TMA im2col box
+])
+def test_cuda_lowering_gives_the_swapped_tf32_wgrad_its_transposes(shape, stride, swapped):
+  """The TF32 filter gradient runs on the Hopper as a large-window forward with batch and channels swapped, when
+  the extension's host checks (CUTLASS's can_implement included) take it: its workspace then holds x and dy
+  transposed. Lowered without a GPU."""
+  x = jax.ShapeDtypeStruct(shape, jnp.float32)
+  w = jax.ShapeDtypeStruct((3, 3, shape[-1], shape[-1]), jnp.float32)
+  text = _cuda_grad_module(x, w, stride=stride, padding=((1, 1), (1, 1)))
+  n, h, wd, c = shape
+  out = -(-h // stride) * -(-wd // stride)
+  transposes = 4 * (n * h * wd * c + n * out * c)
+  nbytes = _workspace_result_bytes(text, "jaxconv_wgrad")
+  assert (nbytes >= transposes) == swapped, (nbytes, transposes)
+
+
+@pytest.mark.skipif(not jaxconv.build_info()["cuda"], reason="jaxconv was built without CUDA")
 def test_cuda_lowering_bounds_the_first_layer_workspace():
   """A first layer (3 channels, 7x7/2, as ResNet's stem) on the tensor-core path unrolls its window in chunks of
   images: at batch 128 every op's workspace holds at least one image's unrolled window (112*112 pixels x 147

@@ -84,6 +84,15 @@ CASES = {
     # 144 k tiles (18 splits; a partial M tile of 98 rows); k264_c136 above splits 5 ways (fwd) and 9 ways (dgrad)
     # with partial channel tiles; bf16/f16 run these unsplit.
     "split_res5_7x7": ((2, 7, 7, 512), (3, 3), "SAME", (1, 1), (1, 1), 512),
+    # The TF32 filter gradient as the Hopper large-window forward with batch and channels swapped (batch % 4 == 0;
+    # a 1-D/2-D window of the output's extent, (out - 1) * stride < 129): k <= 64 (128x64 tiles), a stride (the
+    # forward's dilation) with odd sizes, partial tiles (c * taps = 360 rows, k = 136) and 8 "channels" (the batch)
+    # of a 32-wide k tile; a dilation (its stride) with asymmetric pads; 1-D; res2's 56x56 (a long split reduction).
+    "swapped_wgrad_res": ((4, 14, 14, 64), (3, 3), "SAME", (1, 1), (1, 1), 64),
+    "swapped_wgrad_s2_odd": ((8, 15, 13, 40), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 136),
+    "swapped_wgrad_dil_asym": ((4, 17, 19, 24), (3, 5), ((2, 0), (1, 3)), (2, 1), (1, 1), 72),
+    "swapped_wgrad_conv1d": ((8, 120, 32), (5,), ((2, 2),), (1,), (1,), 24),
+    "swapped_wgrad_56": ((4, 56, 56, 64), (3, 3), "SAME", (1, 1), (1, 1), 64),
 }
 ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
 # dtype name -> (operand dtype, precision, tolerance)
@@ -127,12 +136,14 @@ def test_igemm_matches_reference(name, math, algo, rng):
   _run(name, math, algo, rng)
 
 
+@pytest.mark.parametrize("name", ["res_3x3", "swapped_wgrad_res"])
 @pytest.mark.parametrize("algo", ALGOS)
-def test_igemm_tf32_is_tensor_core_math(algo, rng):
+def test_igemm_tf32_is_tensor_core_math(algo, name, rng):
   """float32 at DEFAULT runs as TF32 (as lax on the GPU): its error is far above FP32's, so the op did not fall
-  back to the direct FP32 kernels; HIGHEST (3xTF32) on the same data is ~FP32-accurate."""
-  tf32 = _run("res_3x3", "tf32", algo, rng)
-  exact = _run("res_3x3", "3xtf32", algo, rng)
+  back to the direct FP32 kernels; HIGHEST (3xTF32) on the same data is ~FP32-accurate. swapped_wgrad_res's
+  filter gradient runs as the large-window forward with implicit_gemm."""
+  tf32 = _run(name, "tf32", algo, rng)
+  exact = _run(name, "3xtf32", algo, rng)
   for op in ("fwd", "dgrad", "wgrad"):
     assert tf32[op] > 3e-5, (op, tf32)  # TF32 rounding (~5e-4); FP32 FMA would give ~1e-7
     assert exact[op] < tf32[op] / 10, (op, exact, tf32)
@@ -224,6 +235,18 @@ def test_igemm_tf32_split_deterministic(rng):
   (y1, dx1), (y2, dx2) = g(x, w, ct), g(x, w, ct)
   assert np.array_equal(np.asarray(y1), np.asarray(y2))
   assert np.array_equal(np.asarray(dx1), np.asarray(dx2))
+
+
+def test_igemm_tf32_swapped_wgrad_deterministic(rng):
+  """The TF32 filter gradient as the swapped large-window forward (split over res2's 56x56 window, f32 slices
+  added in a fixed order) is bitwise stable across reruns."""
+  shape, win, padding, dil, stride, k = CASES["swapped_wgrad_56"]
+  conv = functools.partial(jaxconv.conv2d, padding=padding, algorithm="implicit_gemm", precision="default")
+  x = cu.to_gpu(cu.randn(rng, shape, np.float32))
+  w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), np.float32))
+  ct = cu.to_gpu(cu.randn(rng, (*shape[:-1], k), np.float32))
+  g = jax.jit(lambda x, ct: jax.vjp(lambda w: conv(x, w), w)[1](ct)[0])
+  assert np.array_equal(np.asarray(g(x, ct)), np.asarray(g(x, ct)))
 
 
 def test_igemm_is_auto_choice_and_deterministic(rng):

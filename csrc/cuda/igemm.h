@@ -70,6 +70,16 @@ size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math
 cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,
                          cudaStream_t stream);
 
+// The large-window TF32 forward (igemm_sm90.cu, Hopper): float32 operands as TF32, f32 y. A 1-D or 2-D problem (D =
+// T = Z = 1, no depth padding) whose window may reach over up to 255 input positions per dim ((win - 1) * dil < 255,
+// pads <= 256: the rank-2 TMA im2col box), for few output tiles over a long reduction: always split over it (f32
+// slices in the workspace, added in a fixed order). y is written batch-inner, (Z, P, Q, N, K). No bias or
+// activation (args.bias null, act kActNone); out_type is ignored. implicit_gemm.cu runs the TF32 filter gradient
+// through it. Contract as above.
+bool IgemmSm90LargeWindowSupports(const IgemmProblem& pr);
+size_t IgemmSm90LargeWindowWorkspaceBytes(const IgemmProblem& pr);
+cudaError_t IgemmSm90LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& args, cudaStream_t stream);
+
 bool IgemmSm80Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math);
 size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math);
 cudaError_t IgemmSm80Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,

@@ -1,7 +1,8 @@
 // Hopper implicit-GEMM convolutions (igemm.h): CUTLASS 3.x conv collectives (TMA im2col loads, wgmma,
 // warp-specialised producer/consumer kernel), sm_90a only.
 //
-// Instantiations (one per op x math x tile width; f32 accumulation everywhere), all rank-3 (ConvProblemShape<op, 3>):
+// Instantiations (one per op x math x tile width; f32 accumulation everywhere), rank 3 (ConvProblemShape<op, 3>) but
+// for the large-window forward:
 //   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32; k <= 64 or fewer tiles than SMs: 128x64), out =
 //                            operand type, fused y = act(acc + bias[k])
 //   dgrad  bf16, f16         tile 128x128x64 (as fprop, with c), out = operand type, unit stride only (the sm90
@@ -14,6 +15,9 @@
 //                            tiles split over the reduction the same way into f32 slices; the reduction applies
 //                            bias and activation (ResNet-50 res5 3x3 at batch 32, and its TF32 data gradient,
 //                            which runs as a forward)
+//   large-window tf32 fprop (rank 2: windows up to 255 positions per dim; the TF32 filter gradient with swapped
+//                            roles, implicit_gemm.cu): 128x128 or 128x64 (k <= 64) tiles, always split over the
+//                            reduction (LargeWindowPlan); the reduction of the f32 slices writes y batch-inner
 // tf32 dgrad/wgrad do not exist: wgmma reads tf32 operands K-major only, and those ops need an MN-major operand.
 // CUTLASS's sm90 conv kernel is non-persistent and takes no tile scheduler (no stream-K, no persistent or ping-pong
 // schedules), so this file runs two variants of its body with the unchanged CUTLASS collectives: fprop/dgrad
@@ -55,8 +59,8 @@
 #define JAXCONV_SM90_KERNELS 0
 #endif
 
-// One op's kernels per part: CMake compiles this file once for each JAXCONV_SM90_PART (1 fprop, 2 dgrad, 3 wgrad
-// and the entry points), so the three sets of CUTLASS instantiations build in parallel; 0 (no define): all of them
+// One op's kernels per part: CMake compiles this file once for each JAXCONV_SM90_PART (1 fprop, 2 dgrad and the
+// large-window forward, 3 wgrad and the entry points), so the three sets of CUTLASS instantiations build in parallel; 0 (no define): all of them
 // in one translation unit.
 // Helpers that some parts do not call are [[maybe_unused]].
 #ifndef JAXCONV_SM90_PART
@@ -102,31 +106,38 @@ constexpr int Align16B() {
   return 128 / cutlass::sizeof_bits<T>::value;
 }
 
-template <class T, int TileN = kFwdTileN>
+// The tensors' layout tag by spatial rank. Every op runs rank 3 (the TMA im2col box of a 5-D tensor: pads <= 16,
+// window offsets < 32), except the large-window TF32 forward (rank 2: pads <= 256, window offsets < 256).
+template <int Rank>
+using ActLayout = cute::conditional_t<Rank == 3, cutlass::layout::TensorNDHWC, cutlass::layout::TensorNHWC>;
+
+template <class T, int TileN = kFwdTileN, int Rank = 3>
 struct FpropCfg {
   static constexpr Operator kOp = Operator::kFprop;
   static constexpr bool kSplit = false;  // SplitCfg<FpropCfg>: split over the reduction
+  static constexpr int kRank = Rank;
   using Element = T;
   using TileK = cute::conditional_t<cute::is_same_v<T, float>, _32, _64>;  // 128-byte rows
   using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<TileK>>;
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::TensorNDHWC,
-      Align16B<T>(), T, cutlass::layout::TensorNDHWC, Align16B<T>(), cutlass::epilogue::TmaWarpSpecialized,
-      Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, ActLayout<Rank>, Align16B<T>(), T,
+      ActLayout<Rank>, Align16B<T>(), cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, T, cutlass::layout::TensorNDHWC, Align16B<T>(), T,
-      cutlass::layout::TensorNDHWC, Align16B<T>(), float, TileShape, Cluster1,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, T, ActLayout<Rank>, Align16B<T>(), T,
+      ActLayout<Rank>, Align16B<T>(), float, TileShape, Cluster1,
       cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
-  using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
+  using Kernel =
+      cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, Rank>, Mainloop, Epilogue>;
 };
 
 template <class T, int TileN = kFwdTileN>
 struct DgradCfg {
   static constexpr Operator kOp = Operator::kDgrad;
   static constexpr bool kSplit = false;
+  static constexpr int kRank = 3;
   using Element = T;
   using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<_64>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -148,6 +159,7 @@ using WgradStrideD = cute::Stride<int64_t, cute::Stride<_1, int64_t, int64_t, in
 template <class T, int TileM = kWgTileM, int TileN = kWgTileN>
 struct WgradCfg {
   static constexpr Operator kOp = Operator::kWgrad;
+  static constexpr int kRank = 3;
   using Element = T;
   using TileShape = Shape<Int<TileM>, Shape<Int<TileN>>, Shape<Int<kWgTileK>>>;
   // Register-direct epilogue (as CUTLASS's own wgrad kernels): the output is small next to the reduction.
@@ -163,27 +175,34 @@ struct WgradCfg {
   using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
 };
 
-// The forward split over the reduction (SplitPlanFwd: TF32 on small grids): Cfg's mainloop on 128x128 tiles with a
-// register-direct f32 epilogue. D is the output's (pixels, channels) matrix in f32, modes ((q,p,z,n), ch, l), the L
-// stride separating the splits' slices; ReduceSplitsEpilogue adds them and applies bias and activation.
-using SplitStrideD = cute::Stride<cute::Stride<int64_t, int64_t, int64_t, int64_t>, _1, int64_t>;
+// The forward split over the reduction (SplitPlanFwd: TF32 on small grids; the large-window TF32 forward): Cfg's
+// mainloop with a register-direct f32 epilogue. D is the output's (pixels, channels) matrix in f32, modes
+// ((q,p,z,n), ch, l) (rank 2: ((q,p,n), ch, l)), the L stride separating the splits' slices; ReduceSplitsEpilogue
+// adds them and applies bias and activation.
+template <int Rank>
+using SplitStrideD =
+    cute::conditional_t<Rank == 3, cute::Stride<cute::Stride<int64_t, int64_t, int64_t, int64_t>, _1, int64_t>,
+                        cute::Stride<cute::Stride<int64_t, int64_t, int64_t>, _1, int64_t>>;
 
 template <class Cfg>
 struct SplitCfg {
+  static_assert(!Cfg::kSplit, "Cfg is the unsplit kernel whose mainloop the split runs");
   static constexpr Operator kOp = Cfg::kOp;
   static constexpr bool kSplit = true;
+  static constexpr int kRank = Cfg::kRank;
   using Element = typename Cfg::Element;
   using TileShape = typename Cfg::TileShape;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, SplitStrideD, 4, float, SplitStrideD, 4,
-      cutlass::epilogue::NoSmemWarpSpecialized>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, SplitStrideD<kRank>, 4, float,
+      SplitStrideD<kRank>, 4, cutlass::epilogue::NoSmemWarpSpecialized>::CollectiveOp;
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, Element, cutlass::layout::TensorNDHWC,
-      Align16B<Element>(), Element, cutlass::layout::TensorNDHWC, Align16B<Element>(), float, TileShape, Cluster1,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, Element, ActLayout<kRank>, Align16B<Element>(),
+      Element, ActLayout<kRank>, Align16B<Element>(), float, TileShape, Cluster1,
       cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
-  using Kernel = cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, 3>, Mainloop, Epilogue>;
+  using Kernel =
+      cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, kRank>, Mainloop, Epilogue>;
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -531,20 +550,23 @@ __device__ __forceinline__ float4 SumSplits(const float4* __restrict__ part, int
   }
 }
 
-// out[e] = act(sum_{s < splits} part[s * count + e] + bias[e % ch]) rounded to T; 4 consecutive elements per step
-// (ch % 4 == 0, so they share a row). bias may be null.
+// out[e'] = act(sum_{s < splits} part[s * count + e] + bias[e % ch]) rounded to T, e' = e, or with batch_inner > 0
+// the element of y's (pixel, n) row moved to row (pixel, n): the slices hold y as (n, pixels, ch) with n =
+// batch_inner, the output is (pixels, n, ch). 4 consecutive elements per step (ch % 4 == 0, so they share a row).
+// bias may be null.
 template <class T>
 __global__ void ReduceSplitsEpilogue(const float4* __restrict__ part, int64_t splits, int64_t count4, int64_t ch,
-                                     const T* __restrict__ bias, int act,
+                                     const T* __restrict__ bias, int act, int64_t batch_inner,
                                      cutlass::AlignedArray<T, 4>* __restrict__ out) {
+  const int64_t ch4 = ch / 4, pixels = batch_inner > 0 ? count4 / ch4 / batch_inner : 0;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count4; e += int64_t(gridDim.x) * blockDim.x) {
     const float4 acc = SumSplits(part, splits, count4, e);
     const float v[4] = {acc.x, acc.y, acc.z, acc.w};
-    const int64_t k0 = (4 * e) % ch;
+    const int64_t row = e / ch4, k4 = e - row * ch4;
     cutlass::AlignedArray<T, 4> r;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r[i] = T(Activate(bias != nullptr ? v[i] + float(bias[k0 + i]) : v[i], act));
-    out[e] = r;
+    for (int i = 0; i < 4; ++i) r[i] = T(Activate(bias != nullptr ? v[i] + float(bias[4 * k4 + i]) : v[i], act));
+    out[batch_inner > 0 ? ((row % pixels) * batch_inner + row / pixels) * ch4 + k4 : e] = r;
   }
 }
 
@@ -553,26 +575,20 @@ __global__ void ReduceSplitsEpilogue(const float4* __restrict__ part, int64_t sp
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// What CUTLASS's can_implement does not check but the kernels or TMA need, plus bounds that keep CUTLASS's int
-// arithmetic (ConvProblemShape holds int extents) from overflowing before can_implement runs.
-[[maybe_unused]] bool BasicChecks(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
-  if (math == IgemmMath::k3xTF32) return false;             // igemm_sm80.cu
-  if (math == IgemmMath::kTF32 && op != CudaOp::kFwd) return false;  // tf32 wgmma is K-major only
-  const int64_t align = math == IgemmMath::kTF32 ? 4 : 8;   // 16-byte rows for TMA
+// Bounds every plan needs: extents >= 1, the output extent as CUTLASS (and lax) computes it, the TMA im2col limits of
+// rank 2 (CUTLASS's can_implement checks the box corners and window offsets of the rank it runs), and bounds that keep
+// CUTLASS's int arithmetic (ConvProblemShape holds int extents) from overflowing before can_implement runs.
+bool ExtentChecks(const IgemmProblem& pr, int64_t align) {
   if (pr.n < 1 || pr.c < 1 || pr.k < 1) return false;
-  if (pr.c % align != 0 || pr.k % align != 0) return false;
+  if (pr.c % align != 0 || pr.k % align != 0) return false;  // 16-byte rows for TMA
   constexpr int64_t kBig = int64_t(1) << 30;
   if (pr.n > kBig || pr.c > kBig || pr.k > kBig) return false;
   for (int i = 0; i < 3; ++i) {
     if (pr.in[i] < 1 || pr.win[i] < 1 || pr.out[i] < 1 || pr.in[i] > kBig || pr.out[i] > kBig) return false;
     if (pr.stride[i] < 1 || pr.dil[i] < 1) return false;
     if (pr.stride[i] > 8) return false;  // TMA im2col traversal stride (elementStrides) is 1..8
-    if (op == CudaOp::kDgrad && pr.stride[i] != 1) return false;  // no strided dgrad on sm90
-    // TMA im2col, 3-D: padding <= 16, filter offset (win-1)*dil < 31 (can_implement checks both again; here
-    // they bound the int arithmetic below).
-    if (pr.pad_lo[i] < 0 || pr.pad_hi[i] < 0 || pr.pad_lo[i] > 16 || pr.pad_hi[i] > 16) return false;
-    if (pr.win[i] > 31 || pr.dil[i] > 30 || (pr.win[i] - 1) * pr.dil[i] >= 31) return false;
-    // The output extent as CUTLASS computes it (and lax): must be the caller's.
+    if (pr.pad_lo[i] < 0 || pr.pad_hi[i] < 0 || pr.pad_lo[i] > 256 || pr.pad_hi[i] > 256) return false;
+    if (pr.win[i] > 256 || pr.dil[i] > 255 || (pr.win[i] - 1) * pr.dil[i] >= 255) return false;
     const int64_t span = pr.in[i] + pr.pad_lo[i] + pr.pad_hi[i] - (pr.win[i] - 1) * pr.dil[i] - 1;
     if (span < 0 || span / pr.stride[i] + 1 != pr.out[i]) return false;
   }
@@ -584,25 +600,40 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
   constexpr int64_t kMaxElems = int64_t(1) << 36;
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
   if (pr.c > kMaxElems / (pr.n * in_px) || pr.k > kMaxElems / (pr.n * out_px)) return false;
-  if (pr.c * taps > INT32_MAX || pr.k * pr.c * taps > kMaxElems) return false;
-  // wgrad's grid has the N tiles in y (at most 65535); fprop/dgrad use a 1-D persistent grid.
-  if (op == CudaOp::kWgrad && CeilDiv(pr.c, WgTileN(pr)) * taps > kMaxGridY) return false;
-  return true;
+  return pr.c * taps <= INT32_MAX && pr.k * pr.c * taps <= kMaxElems;
 }
 
-// Wgrad split-K plan: minimise an estimated time in units of one k tile's MMA work on one SM.
-//   waves(s) * (k tiles per split + per-CTA overhead) + partial-sum traffic and the reduction launch,
-// for s in [1, min(kMaxSplits, k_tiles)], where the number of splits is made exact (no empty split).
+// ExtentChecks plus what the rank-3 kernels (every op's) need.
+[[maybe_unused]] bool BasicChecks(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+  if (math == IgemmMath::k3xTF32) return false;             // igemm_sm80.cu
+  if (math == IgemmMath::kTF32 && op != CudaOp::kFwd) return false;  // tf32 wgmma is K-major only
+  if (!ExtentChecks(pr, math == IgemmMath::kTF32 ? 4 : 8)) return false;
+  for (int i = 0; i < 3; ++i) {
+    if (op == CudaOp::kDgrad && pr.stride[i] != 1) return false;  // no strided dgrad on sm90
+    // TMA im2col, 3-D: padding <= 16, filter offset (win-1)*dil < 31 (can_implement checks both again).
+    if (pr.pad_lo[i] > 16 || pr.pad_hi[i] > 16 || (pr.win[i] - 1) * pr.dil[i] >= 31) return false;
+  }
+  // wgrad's grid has the N tiles in y (at most 65535); fprop/dgrad use a 1-D persistent grid.
+  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
+  return op != CudaOp::kWgrad || CeilDiv(pr.c, WgTileN(pr)) * taps <= kMaxGridY;
+}
+
+// The large-window TF32 forward runs rank 2: the depth dim must be trivial.
+[[maybe_unused]] bool LargeWindowChecks(const IgemmProblem& pr) {
+  return ExtentChecks(pr, 4) && pr.in[0] == 1 && pr.win[0] == 1 && pr.out[0] == 1 && pr.pad_lo[0] == 0 &&
+         pr.pad_hi[0] == 0 && pr.stride[0] == 1 && pr.dil[0] == 1;
+}
+
+// Split-K plan: `splits` ranges of k_tiles_per_split k tiles each (the last may be shorter, none empty).
 struct SplitPlan {
   int64_t splits = 1, k_tiles_per_split = 1;
 };
 
-SplitPlan WgradPlan(const IgemmProblem& pr) {
-  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  const int64_t gemm_k = pr.n * pr.out[0] * pr.out[1] * pr.out[2];
-  const int64_t k_tiles = CeilDiv(gemm_k, kWgTileK);
-  const int64_t tiles_mn = CeilDiv(pr.k, WgTileM(pr.k)) * CeilDiv(pr.c, WgTileN(pr)) * taps;
-  const int64_t dw_elems = pr.k * taps * pr.c;
+// The split of a reduction of k_tiles over tiles_mn output tiles that minimises an estimated time in units of one k
+// tile's MMA work on one SM: waves(s) * (k tiles per split + per-CTA overhead) + partial-sum traffic and the
+// reduction launch, for s in [1, min(kMaxSplits, k_tiles)]; the partial sums (s * out_elems f32) stay within
+// kMaxSplitWorkspace.
+SplitPlan PlanSplits(int64_t k_tiles, int64_t tiles_mn, int64_t out_elems) {
   constexpr double kCtaOverhead = 4.0;      // prologue fill + epilogue, in k tiles
   constexpr double kPerPartialElem = 1e-5;  // write + read one f32 partial, in k tiles (spread over the GPU)
   constexpr double kReduceLaunch = 10.0;    // the extra kernel
@@ -614,9 +645,9 @@ SplitPlan WgradPlan(const IgemmProblem& pr) {
     const int64_t per = CeilDiv(k_tiles, s);
     const int64_t splits = CeilDiv(k_tiles, per);
     if (splits != s) continue;  // the same plan as a smaller s
-    if (splits * dw_elems * int64_t(sizeof(float)) > kMaxSplitWorkspace) break;
+    if (splits * out_elems * int64_t(sizeof(float)) > kMaxSplitWorkspace) break;
     const double cost = double(CeilDiv(tiles_mn * splits, kPlanSms)) * (double(per) + kCtaOverhead) +
-                        double(splits) * double(dw_elems) * kPerPartialElem + kReduceLaunch;
+                        double(splits) * double(out_elems) * kPerPartialElem + kReduceLaunch;
     if (cost < best_cost) {
       best_cost = cost;
       best.splits = splits;
@@ -624,6 +655,13 @@ SplitPlan WgradPlan(const IgemmProblem& pr) {
     }
   }
   return best;
+}
+
+SplitPlan WgradPlan(const IgemmProblem& pr) {
+  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
+  const int64_t gemm_k = pr.n * pr.out[0] * pr.out[1] * pr.out[2];
+  const int64_t tiles_mn = CeilDiv(pr.k, WgTileM(pr.k)) * CeilDiv(pr.c, WgTileN(pr)) * taps;
+  return PlanSplits(CeilDiv(gemm_k, kWgTileK), tiles_mn, pr.k * taps * pr.c);
 }
 
 [[maybe_unused]] size_t WgradWorkspace(const IgemmProblem& pr) {
@@ -659,35 +697,61 @@ SplitPlan SplitPlanFwd(const IgemmProblem& pr, IgemmMath math) {
   return plan;
 }
 
-[[maybe_unused]] size_t SplitFwdWorkspace(const IgemmProblem& pr, IgemmMath math) {
-  const SplitPlan plan = SplitPlanFwd(pr, math);
-  if (plan.splits <= 1) return 0;
+// Bytes of a split plan's f32 partial sums: one output-sized slice per split.
+size_t SplitBytes(const IgemmProblem& pr, const SplitPlan& plan) {
   return static_cast<size_t>(plan.splits * pr.n * pr.out[0] * pr.out[1] * pr.out[2] * pr.k) * sizeof(float);
 }
 
-template <Operator Op>
-cutlass::conv::ConvProblemShape<Op, 3> MakeProblemShape(const IgemmProblem& pr) {
-  using PS = cutlass::conv::ConvProblemShape<Op, 3>;
-  const typename PS::TensorExtent act{int(pr.n), int(pr.in[0]), int(pr.in[1]), int(pr.in[2]), int(pr.c)};
-  const typename PS::TensorExtent flt{int(pr.k), int(pr.win[0]), int(pr.win[1]), int(pr.win[2]), int(pr.c)};
+[[maybe_unused]] size_t SplitFwdWorkspace(const IgemmProblem& pr, IgemmMath math) {
+  const SplitPlan plan = SplitPlanFwd(pr, math);
+  return plan.splits <= 1 ? 0 : SplitBytes(pr, plan);
+}
+
+// The large-window TF32 forward: few output tiles over a long reduction (the filter gradient's swapped roles,
+// implicit_gemm.cu), always through the split kernel and the slices (also with one split), 128 x 64 tiles when k is
+// at most 64.
+int64_t LargeWindowTileN(const IgemmProblem& pr) { return pr.k <= kNarrowTileN ? kNarrowTileN : kFwdTileN; }
+
+[[maybe_unused]] SplitPlan LargeWindowPlan(const IgemmProblem& pr) {
+  constexpr int64_t tile_k = 32;  // FpropCfg<float>: 128-byte rows
+  const int64_t pixels = pr.out[0] * pr.out[1] * pr.out[2];
+  const int64_t tiles = CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(pr.k, LargeWindowTileN(pr));
+  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
+  return PlanSplits(taps * CeilDiv(pr.c, tile_k), tiles, pr.n * pixels * pr.k);
+}
+
+template <Operator Op, int Rank = 3>
+cutlass::conv::ConvProblemShape<Op, Rank> MakeProblemShape(const IgemmProblem& pr) {
+  using PS = cutlass::conv::ConvProblemShape<Op, Rank>;
+  constexpr int d0 = 3 - Rank;  // rank 2 drops the depth dim (trivial: LargeWindowChecks)
+  typename PS::TensorExtent act{}, flt{};
   typename PS::ShapePadding lo{}, hi{};
   typename PS::TraversalStride st{};
   typename PS::ShapeDilation dl{};
-  for (int i = 0; i < 3; ++i) {
-    lo[i] = int(pr.pad_lo[i]);
-    hi[i] = int(pr.pad_hi[i]);
-    st[i] = int(pr.stride[i]);
-    dl[i] = int(pr.dil[i]);
+  act[0] = int(pr.n);
+  flt[0] = int(pr.k);
+  act[Rank + 1] = flt[Rank + 1] = int(pr.c);
+  for (int i = 0; i < Rank; ++i) {
+    act[1 + i] = int(pr.in[d0 + i]);
+    flt[1 + i] = int(pr.win[d0 + i]);
+    lo[i] = int(pr.pad_lo[d0 + i]);
+    hi[i] = int(pr.pad_hi[d0 + i]);
+    st[i] = int(pr.stride[d0 + i]);
+    dl[i] = int(pr.dil[d0 + i]);
   }
   return PS(cutlass::conv::Mode::kCrossCorrelation, act, PS::packed_stride_right_major(act), flt,
             PS::packed_stride_right_major(flt), lo, hi, st, dl, /*groups=*/1);
 }
 
 // Self-check: the (N,Z,P,Q,K) shape CUTLASS derived is the caller's output (fprop C, dgrad/wgrad A).
-template <Operator Op>
-bool ShapeMatches(const cutlass::conv::ConvProblemShape<Op, 3>& ps, const IgemmProblem& pr) {
+template <Operator Op, int Rank>
+bool ShapeMatches(const cutlass::conv::ConvProblemShape<Op, Rank>& ps, const IgemmProblem& pr) {
   const auto& y = Op == Operator::kFprop ? ps.shape_C : ps.shape_A;
-  return y[0] == pr.n && y[1] == pr.out[0] && y[2] == pr.out[1] && y[3] == pr.out[2] && y[4] == pr.k;
+  if (y[0] != pr.n || y[Rank + 1] != pr.k) return false;
+  for (int i = 0; i < Rank; ++i) {
+    if (y[1 + i] != pr.out[3 - Rank + i]) return false;
+  }
+  return true;
 }
 
 // Kernel arguments; pointers may be null (Supports builds them for can_implement only).
@@ -696,7 +760,7 @@ typename Cfg::Kernel::Arguments MakeArguments(const IgemmProblem& pr, const Igem
   using Kernel = typename Cfg::Kernel;
   using T = typename Cfg::Element;
   using Args = typename Kernel::Arguments;
-  const auto ps = MakeProblemShape<Cfg::kOp>(pr);
+  const auto ps = MakeProblemShape<Cfg::kOp, Cfg::kRank>(pr);
   Args args{};
   args.problem_shape = ps;
   args.hw_info.device_id = 0;  // unused by the non-persistent kernel (no SM-count dependent plan)
@@ -721,14 +785,20 @@ typename Cfg::Kernel::Arguments MakeArguments(const IgemmProblem& pr, const Igem
   } else {
     args.mainloop.ptr_A = static_cast<const T*>(a.a);  // fprop x, dgrad dy
     args.mainloop.ptr_B = static_cast<const T*>(a.b);  // w
-    // D: fprop y (N,Z,P,Q,K), dgrad dx (N,D,H,W,C), packed; modes ((q,p,z,n), k, l).
+    // D: fprop y (N,Z,P,Q,K), dgrad dx (N,D,H,W,C), packed; modes ((q,p,z,n), k, l) (rank 2: ((q,p,n), k, l)).
+    // Keep them packed: the split's register epilogue tiles the hierarchical M mode by 128 rows, and with permuted
+    // strides (dw's layout written directly, tried for the large-window forward) it wrote out of bounds (H200).
     const int64_t* sp = Cfg::kOp == Operator::kFprop ? pr.out : pr.in;
     const int64_t ch = Cfg::kOp == Operator::kFprop ? pr.k : pr.c;
     typename Kernel::StrideD d{};
     get<0, 0>(d) = ch;
     get<0, 1>(d) = sp[2] * ch;
-    get<0, 2>(d) = sp[1] * sp[2] * ch;
-    get<0, 3>(d) = sp[0] * sp[1] * sp[2] * ch;
+    if constexpr (Cfg::kRank == 3) {
+      get<0, 2>(d) = sp[1] * sp[2] * ch;
+      get<0, 3>(d) = sp[0] * sp[1] * sp[2] * ch;
+    } else {
+      get<0, 2>(d) = sp[1] * sp[2] * ch;  // n (sp[0] == 1)
+    }
     if constexpr (Cfg::kSplit) get<2>(d) = pr.n * sp[0] * sp[1] * sp[2] * ch;  // SplitCfg: one f32 slice a split
     args.epilogue.dC = d;
     args.epilogue.dD = d;
@@ -748,7 +818,7 @@ typename Cfg::Kernel::Arguments MakeArguments(const IgemmProblem& pr, const Igem
 template <class Cfg>
 bool CanImplement(const IgemmProblem& pr) {
   const auto args = MakeArguments<Cfg>(pr, IgemmArgs{}, nullptr);
-  if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr)) return false;
+  if (!ShapeMatches(args.problem_shape, pr)) return false;
   return Cfg::Kernel::can_implement(args);
 }
 
@@ -802,38 +872,40 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
   return sms;
 }
 
-// SplitCfg (forward): the split kernel into f32 slices in the workspace, then ReduceSplitsEpilogue into y.
+// SplitCfg (forward) with `plan`: the split kernel into f32 slices in the workspace, then ReduceSplitsEpilogue into y
+// (batch_inner: ReduceSplitsEpilogue's).
 template <class Cfg>
-cudaError_t RunSplitFwd(const IgemmProblem& pr, const IgemmArgs& a, IgemmMath math, cudaStream_t stream) {
-  static_assert(Cfg::kOp == Operator::kFprop, "SplitPlanFwd plans the forward only");
+cudaError_t RunSplitFwd(const IgemmProblem& pr, const IgemmArgs& a, const SplitPlan& plan, bool batch_inner,
+                        cudaStream_t stream) {
+  static_assert(Cfg::kOp == Operator::kFprop && Cfg::kSplit, "the split forward");
   using Base = typename Cfg::Kernel;
   using Split = SplitKKernel<Base>;
-  const SplitPlan plan = SplitPlanFwd(pr, math);
-  if (plan.splits <= 1) return cudaErrorNotSupported;
-  if (a.workspace == nullptr || !Aligned16(a.workspace) || a.workspace_bytes < SplitFwdWorkspace(pr, math)) {
+  if (plan.splits < 1) return cudaErrorNotSupported;
+  if (a.workspace == nullptr || !Aligned16(a.workspace) || a.workspace_bytes < SplitBytes(pr, plan)) {
     return cudaErrorInvalidValue;
   }
   const auto args = MakeArguments<Cfg>(pr, a, a.workspace);
-  if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Base::can_implement(args)) return cudaErrorNotSupported;
+  if (!ShapeMatches(args.problem_shape, pr) || !Base::can_implement(args)) return cudaErrorNotSupported;
   typename Split::Params params;
   params.base = Base::to_underlying_arguments(args, nullptr);
   params.k_tiles_per_split = int(plan.k_tiles_per_split);
   params.splits = int(plan.splits);
   dim3 grid = Base::get_grid_shape(params.base);  // (m tiles, n tiles, 1)
   const int64_t pixels = pr.out[0] * pr.out[1] * pr.out[2];
-  if (int64_t(grid.x) != CeilDiv(pr.n * pixels, kFwdTileM) || int64_t(grid.y) != CeilDiv(pr.k, kFwdTileN) ||
+  constexpr int64_t tile_n = cute::size<1>(typename Cfg::TileShape{});
+  if (int64_t(grid.x) != CeilDiv(pr.n * pixels, kFwdTileM) || int64_t(grid.y) != CeilDiv(pr.k, tile_n) ||
       grid.z != 1) {
     return cudaErrorNotSupported;  // the plan's tile count
   }
   grid.z = unsigned(plan.splits);
   if (const cudaError_t e = LaunchKernel<Split>(params, grid, stream); e != cudaSuccess) return e;
   using T = typename Cfg::Element;
-  const int64_t count4 = pr.n * pixels * pr.k / 4;  // k % 4 == 0 (BasicChecks)
+  const int64_t count4 = pr.n * pixels * pr.k / 4;  // k % 4 == 0 (ExtentChecks)
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>(CeilDiv(count4, threads), 16 * kPlanSms);
   ReduceSplitsEpilogue<T><<<unsigned(blocks), threads, 0, stream>>>(
       static_cast<const float4*>(a.workspace), plan.splits, count4, pr.k, static_cast<const T*>(a.bias), int(a.act),
-      static_cast<cutlass::AlignedArray<T, 4>*>(a.out));
+      batch_inner ? pr.n : 0, static_cast<cutlass::AlignedArray<T, 4>*>(a.out));
   return cudaGetLastError();
 }
 
@@ -844,10 +916,12 @@ cudaError_t RunFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, IgemmMath 
   if (!Aligned16(a.a) || !Aligned16(a.b) || !Aligned16(a.out)) return cudaErrorInvalidValue;
   if (kFwd && (!Aligned16(a.bias) || a.act < kActNone || a.act > kActSilu)) return cudaErrorInvalidValue;
   if constexpr (Cfg::kSplit) {
-    return RunSplitFwd<Cfg>(pr, a, math, stream);
+    const SplitPlan plan = SplitPlanFwd(pr, math);
+    if (plan.splits <= 1) return cudaErrorNotSupported;
+    return RunSplitFwd<Cfg>(pr, a, plan, false, stream);
   } else {
     const auto args = MakeArguments<Cfg>(pr, a, a.out);
-    if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Kernel::can_implement(args)) return cudaErrorNotSupported;
+    if (!ShapeMatches(args.problem_shape, pr) || !Kernel::can_implement(args)) return cudaErrorNotSupported;
     using Pingpong = PingpongConvKernel<Kernel>;
     typename Pingpong::Params params;
     // Encodes the TMA descriptors on the host (driver entry point via the runtime; no workspace).
@@ -876,7 +950,7 @@ cudaError_t RunWgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t st
     dst = static_cast<float*>(a.workspace);
   }
   const auto args = MakeArguments<Cfg>(pr, a, dst);
-  if (!ShapeMatches<Cfg::kOp>(args.problem_shape, pr) || !Base::can_implement(args)) return cudaErrorNotSupported;
+  if (!ShapeMatches(args.problem_shape, pr) || !Base::can_implement(args)) return cudaErrorNotSupported;
   typename Split::Params params;
   params.base = Base::to_underlying_arguments(args, nullptr);
   params.k_tiles_per_split = int(plan.k_tiles_per_split);
@@ -919,6 +993,13 @@ auto WithFwdCfg(const IgemmProblem& pr, CudaOp op, IgemmMath math, F&& f) {
   return f(Cfg<T, kFwdTileN>{});
 }
 
+// Calls f(SplitCfg<FpropCfg<float, tile N, rank 2>>{}): the large-window TF32 forward's kernel.
+template <class F>
+auto WithLargeWindowCfg(const IgemmProblem& pr, F&& f) {
+  if (LargeWindowTileN(pr) == kNarrowTileN) return f(SplitCfg<FpropCfg<float, kNarrowTileN, 2>>{});
+  return f(SplitCfg<FpropCfg<float, kFwdTileN, 2>>{});
+}
+
 }  // namespace
 
 // Each part's ops (JAXCONV_SM90_PART, at the top).
@@ -929,6 +1010,8 @@ bool DgradSupports(const IgemmProblem& pr, IgemmMath math);
 cudaError_t DgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream);
 bool WgradSupports(const IgemmProblem& pr, IgemmMath math);
 cudaError_t WgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream);
+bool LargeWindowSupports(const IgemmProblem& pr);
+cudaError_t LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& args, cudaStream_t stream);
 
 #if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 1
 bool FwdSupports(const IgemmProblem& pr, IgemmMath math) {
@@ -964,6 +1047,18 @@ cudaError_t DgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& ar
   auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
   if (math == IgemmMath::kBF16) return WithFwdCfg<DgradCfg, cutlass::bfloat16_t>(pr, op, math, run);
   return WithFwdCfg<DgradCfg, cutlass::half_t>(pr, op, math, run);
+}
+
+// The large-window TF32 forward builds with the data gradients, the lightest part.
+bool LargeWindowSupports(const IgemmProblem& pr) {
+  return WithLargeWindowCfg(pr, [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); });
+}
+
+cudaError_t LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& args, cudaStream_t stream) {
+  if (!Aligned16(args.a) || !Aligned16(args.b) || !Aligned16(args.out)) return cudaErrorInvalidValue;
+  return WithLargeWindowCfg(pr, [&](auto cfg) {
+    return RunSplitFwd<decltype(cfg)>(pr, args, LargeWindowPlan(pr), /*batch_inner=*/true, stream);
+  });
 }
 #endif
 
@@ -1015,6 +1110,37 @@ size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math
   (void)op;
   (void)math;
   return 0;
+#endif
+}
+
+bool IgemmSm90LargeWindowSupports(const IgemmProblem& pr) {
+#if JAXCONV_SM90_KERNELS
+  return LargeWindowChecks(pr) && sm90::LargeWindowSupports(pr);
+#else
+  (void)pr;
+  return false;
+#endif
+}
+
+size_t IgemmSm90LargeWindowWorkspaceBytes(const IgemmProblem& pr) {
+#if JAXCONV_SM90_KERNELS
+  return IgemmSm90LargeWindowSupports(pr) ? SplitBytes(pr, LargeWindowPlan(pr)) : 0;
+#else
+  (void)pr;
+  return 0;
+#endif
+}
+
+cudaError_t IgemmSm90LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& args, cudaStream_t stream) {
+#if JAXCONV_SM90_KERNELS
+  if (!LargeWindowChecks(pr)) return cudaErrorNotSupported;
+  if (args.bias != nullptr || args.act != kActNone) return cudaErrorNotSupported;
+  return sm90::LargeWindowRun(pr, args, stream);
+#else
+  (void)pr;
+  (void)args;
+  (void)stream;
+  return cudaErrorNotSupported;
 #endif
 }
 

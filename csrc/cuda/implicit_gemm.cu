@@ -12,6 +12,7 @@
 // else the direct kernels (also for empty problems).
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "algorithms.h"
 #include "cuda/common.cuh"
@@ -104,10 +105,63 @@ __global__ void __launch_bounds__(kTile * 8) BatchedTransposeKernel(const TI* __
   }
 }
 
+// The float-to-float case with 16-byte accesses (every extent, stride and pointer a multiple of 4 floats), kVecBatch
+// batches per block: each thread issues one 16-byte load of each batch before storing any, so more bytes are in
+// flight. The TF32 filter gradient transposes whole activations with it (TrySwappedTf32Wgrad); the scalar kernel
+// moved them at about 2.2 TB/s on the H200.
+constexpr int kVecBatch = 4;
+__global__ void __launch_bounds__(256) BatchedTransposeF32x4Kernel(const float* __restrict__ in,
+                                                                   float* __restrict__ out, int64_t rows,
+                                                                   int64_t cols, int64_t batch, int64_t ibs,
+                                                                   int64_t irs, int64_t obs, int64_t ors) {
+  __shared__ float tile[kVecBatch][kTile][kTile + 1];
+  const int r = threadIdx.x >> 3, q = (threadIdx.x & 7) * 4;  // a tile row (load) or column (store); 4 elements
+  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kTile, j0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int64_t b0 = static_cast<int64_t>(blockIdx.z) * kVecBatch; b0 < batch;
+       b0 += static_cast<int64_t>(gridDim.z) * kVecBatch) {
+    float4 v[kVecBatch];
+#pragma unroll
+    for (int u = 0; u < kVecBatch; ++u) {
+      const int64_t b = b0 + u, i = i0 + r, j = j0 + q;
+      v[u] = b < batch && i < rows && j < cols ? *reinterpret_cast<const float4*>(in + b * ibs + i * irs + j)
+                                               : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kVecBatch; ++u) {
+      tile[u][r][q] = v[u].x;
+      tile[u][r][q + 1] = v[u].y;
+      tile[u][r][q + 2] = v[u].z;
+      tile[u][r][q + 3] = v[u].w;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kVecBatch; ++u) {
+      const int64_t b = b0 + u, j = j0 + r, i = i0 + q;
+      if (b < batch && j < cols && i < rows) {
+        *reinterpret_cast<float4*>(out + b * obs + j * ors + i) =
+            make_float4(tile[u][q][r], tile[u][q + 1][r], tile[u][q + 2][r], tile[u][q + 3][r]);
+      }
+    }
+    __syncthreads();
+  }
+}
+
 template <class TI, class TO>
 cudaError_t BatchedTranspose(const void* in, void* out, int64_t rows, int64_t cols, int64_t batch, int64_t ibs,
                              int64_t irs, int64_t obs, int64_t ors, cudaStream_t s) {
   if (rows == 0 || cols == 0 || batch == 0) return cudaSuccess;
+  if constexpr (std::is_same_v<TI, float> && std::is_same_v<TO, float>) {
+    const bool vec = rows % 4 == 0 && cols % 4 == 0 && ibs % 4 == 0 && irs % 4 == 0 && obs % 4 == 0 &&
+                     ors % 4 == 0 && Aligned16(in) && Aligned16(out);
+    const int64_t gx = CeilDiv(cols, kTile), gy = CeilDiv(rows, kTile), gz = CeilDiv(batch, kVecBatch);
+    if (vec && gx <= (int64_t(1) << 31) - 1 && gy <= 65535) {
+      const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
+                      static_cast<unsigned>(gz < 65535 ? gz : 65535));
+      BatchedTransposeF32x4Kernel<<<grid, 256, 0, s>>>(static_cast<const float*>(in), static_cast<float*>(out), rows,
+                                                      cols, batch, ibs, irs, obs, ors);
+      return cudaGetLastError();
+    }
+  }
   const int64_t gx = CeilDiv(cols, kTile), gy = CeilDiv(rows, kTile);
   if (gx > (int64_t(1) << 31) - 1 || gy > 65535) return cudaErrorInvalidValue;  // ImplicitGemmApplies bounds
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
@@ -278,8 +332,88 @@ IgemmProblem FlippedDgradProblem(const ConvParams& p) {
   return pr;
 }
 
+// ---- the float32 DEFAULT (TF32) filter gradient of 1-D and 2-D problems, as a Hopper forward with swapped roles ----
+// Both of the filter gradient's GEMM operands (x and dy, channels innermost) are MN-major, which wgmma does not read
+// in TF32, so the Hopper kernels have no TF32 filter gradient and it would run on the mma.sync kernels. Swapping the
+// roles of batch and channels makes it a forward with K-major operands: with x' = x as (C, H, W, N) and dy' = dy as
+// (K, P, Q, N),
+//   dw[r][s][c][k] = sum_{p,q,n} x'[c][r*dil + p*stride - pad][s*dil + q*stride - pad][n] * dy'[k][p][q][n],
+// the forward of batch C, input channels N, output channels K over a P x Q window (its dilation the stride, its
+// stride the dilation) to an R x S output, which the large-window kernel (rank 2) writes batch-inner: dw's (R, S, C,
+// K) layout. Costs two transposes (x and dy once each) in the workspace.
+IgemmProblem SwappedWgradProblem(const ConvParams& p) {
+  IgemmProblem pr;
+  pr.n = p.c[0];
+  pr.c = p.n[0];
+  pr.k = p.k[0];
+  for (int d = 0; d < 3; ++d) {
+    pr.in[d] = p.in[d];
+    pr.win[d] = p.out[d];
+    pr.out[d] = p.win[d];
+    pr.stride[d] = p.rhs_dil[d];
+    pr.dil[d] = p.stride[d];
+    pr.pad_lo[d] = p.pad_lo[d];
+    // The upper pad that makes the output exactly the window: the last position read, (win-1)*dil + (out-1)*stride
+    // - pad_lo, is in - 1 + pad_hi. Negative (declined) when the convolution never reads its last inputs.
+    pr.pad_hi[d] = (p.win[d] - 1) * p.rhs_dil[d] + (p.out[d] - 1) * p.stride[d] + 1 - p.in[d] - p.pad_lo[d];
+  }
+  return pr;
+}
+
+// Workspace layout: [x' (C, D, H, W, N)][dy' (K, Z, P, Q, N)][the kernel's split slices].
+struct SwappedWgradLayout {
+  size_t x = 0, dy = 0, kernel = 0;
+  size_t bytes() const { return x + dy + kernel; }
+};
+
+SwappedWgradLayout SwappedWgradLayoutOf(const ConvParams& p) {
+  SwappedWgradLayout l;
+  l.x = AlignUp(static_cast<size_t>(XElements(p)) * 4);
+  l.dy = AlignUp(static_cast<size_t>(YElements(p)) * 4);
+  l.kernel = AlignUp(IgemmSm90LargeWindowWorkspaceBytes(SwappedWgradProblem(p)));
+  return l;
+}
+
+// At most this much workspace for the transposed operands (x and dy): XLA reserves it for the whole program.
+constexpr size_t kMaxSwappedStaging = size_t(2) << 30;
+
+// Pure host code (the workspace size depends on it): whether the TF32 filter gradient takes the swapped forward.
+bool SwappedWgradApplies(const ConvParams& p, DT in, int64_t algo) {
+  if (algo != kAlgoImplicitGemm || in != DT::kF32 || MathFor(p, in) != IgemmMath::kTF32) return false;
+  if (p.n[0] % 4 != 0 || p.k[0] % 4 != 0) return false;  // 16-byte rows of x', dy' and dw
+  if (p.n[0] > int64_t(65535) * 32) return false;          // BatchedTranspose's grid
+  if (static_cast<size_t>(XElements(p) + YElements(p)) * 4 > kMaxSwappedStaging) return false;
+  return IgemmSm90LargeWindowSupports(SwappedWgradProblem(p));
+}
+
+// cudaErrorNotSupported: not taken (nothing enqueued), the caller runs the wgrad kernels.
+cudaError_t TrySwappedTf32Wgrad(const ConvParams& p, DT in, DT out, int64_t algo, const void* x, const void* dy,
+                                void* dw, void* workspace, size_t workspace_bytes, cudaStream_t s) {
+  if (out != DT::kF32 || DeviceArch() != 90 || !SwappedWgradApplies(p, in, algo)) return cudaErrorNotSupported;
+  const SwappedWgradLayout l = SwappedWgradLayoutOf(p);
+  if (workspace == nullptr || workspace_bytes < l.bytes()) return cudaErrorNotSupported;
+  char* xt = static_cast<char*>(workspace);
+  char* dyt = xt + l.x;
+  const int64_t n = p.n[0], c = p.c[0], k = p.k[0], in_px = SpatialCount(p.in), out_px = SpatialCount(p.out);
+  // (N, pixels, ch) -> (ch, pixels, N): per pixel an (N x ch) -> (ch x N) transpose.
+  cudaError_t e = BatchedTranspose<float, float>(x, xt, n, c, in_px, c, in_px * c, n, in_px * n, s);
+  if (e != cudaSuccess) return e;
+  if ((e = BatchedTranspose<float, float>(dy, dyt, n, k, out_px, k, out_px * k, n, out_px * n, s)) != cudaSuccess) {
+    return e;
+  }
+  IgemmArgs args;
+  args.a = xt;
+  args.b = dyt;
+  args.out = dw;
+  args.workspace = dyt + l.dy;
+  args.workspace_bytes = workspace_bytes - l.x - l.dy;
+  // y' (batch c, output t, r, s, channels k) comes batch-inner: dw's (T, R, S, C, K)
+  return IgemmSm90LargeWindowRun(SwappedWgradProblem(p), args, s);
+}
+
 // Workspace of the staged conv-kernel path; 0: it runs on the direct kernels. The TF32 data gradient may run as
-// the flipped forward (TryFlippedTf32Dgrad), whose kernel workspace (a split plan's partial sums) counts too.
+// the flipped forward (TryFlippedTf32Dgrad) and the TF32 filter gradient as the swapped one (TrySwappedTf32Wgrad);
+// their workspaces count too.
 size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return 0;
   const IgemmProblem pr = ToProblem(p, in);
@@ -289,7 +423,9 @@ size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   if (op == CudaOp::kDgrad && math == IgemmMath::kTF32 && algo == kAlgoImplicitGemm) {
     kernel = std::max(kernel, AlignUp(IgemmSm90WorkspaceBytes(FlippedDgradProblem(p), CudaOp::kFwd, math)));
   }
-  return StagingOf(p, op, in).bytes() + kernel;
+  size_t bytes = StagingOf(p, op, in).bytes() + kernel;
+  if (op == CudaOp::kWgrad && SwappedWgradApplies(p, in, algo)) bytes = std::max(bytes, SwappedWgradLayoutOf(p).bytes());
+  return bytes;
 }
 
 // cudaErrorNotSupported: not taken, the caller runs the dgrad kernels (the flipped filter may have been written to
@@ -374,6 +510,12 @@ cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64
   }
   if (op == CudaOp::kDgrad) {
     if (const cudaError_t e = TryFlippedTf32Dgrad(p, in, out, algo, a, b, out_buf, workspace, workspace_bytes, s);
+        e != cudaErrorNotSupported) {
+      return e;
+    }
+  }
+  if (op == CudaOp::kWgrad) {
+    if (const cudaError_t e = TrySwappedTf32Wgrad(p, in, out, algo, a, b, out_buf, workspace, workspace_bytes, s);
         e != cudaErrorNotSupported) {
       return e;
     }
