@@ -60,8 +60,8 @@
 #endif
 
 // One op's kernels per part: CMake compiles this file once for each JAXCONV_SM90_PART (1 fprop, 2 dgrad and the
-// large-window forward, 3 wgrad and the entry points), so the three sets of CUTLASS instantiations build in parallel; 0 (no define): all of them
-// in one translation unit.
+// large-window forward, 3 wgrad and the entry points), so the three sets of CUTLASS instantiations build in
+// parallel; 0 (no define): all of them in one translation unit.
 // Helpers that some parts do not call are [[maybe_unused]].
 #ifndef JAXCONV_SM90_PART
 #define JAXCONV_SM90_PART 0

@@ -386,7 +386,8 @@ bool SwappedWgradApplies(const ConvParams& p, DT in, int64_t algo) {
   return IgemmSm90LargeWindowSupports(SwappedWgradProblem(p));
 }
 
-// cudaErrorNotSupported: not taken (nothing enqueued), the caller runs the wgrad kernels.
+// cudaErrorNotSupported: not taken, the caller runs the wgrad kernels (the transposes may have run by then: they
+// write the workspace only).
 cudaError_t TrySwappedTf32Wgrad(const ConvParams& p, DT in, DT out, int64_t algo, const void* x, const void* dy,
                                 void* dw, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   if (out != DT::kF32 || DeviceArch() != 90 || !SwappedWgradApplies(p, in, algo)) return cudaErrorNotSupported;
@@ -424,7 +425,9 @@ size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
     kernel = std::max(kernel, AlignUp(IgemmSm90WorkspaceBytes(FlippedDgradProblem(p), CudaOp::kFwd, math)));
   }
   size_t bytes = StagingOf(p, op, in).bytes() + kernel;
-  if (op == CudaOp::kWgrad && SwappedWgradApplies(p, in, algo)) bytes = std::max(bytes, SwappedWgradLayoutOf(p).bytes());
+  if (op == CudaOp::kWgrad && SwappedWgradApplies(p, in, algo)) {
+    bytes = std::max(bytes, SwappedWgradLayoutOf(p).bytes());
+  }
   return bytes;
 }
 
