@@ -206,10 +206,10 @@ struct SplitCfg {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// Split-K (wgrad, and the TF32 forward on small grids): the body of CUTLASS's non-persistent warp-specialised kernel
-// (GemmUniversal for KernelTmaWarpSpecialized, sm90_gemm_tma_warpspecialized.hpp), with two changes: block z runs
-// only its range of k tiles, and the epilogue sees L = splits with l = blockIdx.z (the L stride of dD separates
-// the slices).
+// Split-K (wgrad, the TF32 forward on small grids, the large-window TF32 forward): the body of CUTLASS's
+// non-persistent warp-specialised kernel (GemmUniversal for KernelTmaWarpSpecialized,
+// sm90_gemm_tma_warpspecialized.hpp), with two changes: block z runs only its range of k tiles, and the epilogue
+// sees L = splits with l = blockIdx.z (the L stride of dD separates the slices).
 template <class Base>
 struct SplitKKernel {
   using ProblemShape = typename Base::ProblemShape;
