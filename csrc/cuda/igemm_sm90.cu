@@ -111,13 +111,17 @@ constexpr int Align16B() {
 template <int Rank>
 using ActLayout = cute::conditional_t<Rank == 3, cutlass::layout::TensorNDHWC, cutlass::layout::TensorNHWC>;
 
+// The fprop K tile: 128-byte rows (32 floats, 64 16-bit values); the split plans count TF32 k tiles with it.
+template <class T>
+using FwdTileK = cute::conditional_t<cute::is_same_v<T, float>, _32, _64>;
+
 template <class T, int TileN = kFwdTileN, int Rank = 3>
 struct FpropCfg {
   static constexpr Operator kOp = Operator::kFprop;
   static constexpr bool kSplit = false;  // SplitCfg<FpropCfg>: split over the reduction
   static constexpr int kRank = Rank;
   using Element = T;
-  using TileK = cute::conditional_t<cute::is_same_v<T, float>, _32, _64>;  // 128-byte rows
+  using TileK = FwdTileK<T>;
   using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<TileK>>;
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -678,13 +682,17 @@ SplitPlan WgradPlan(const IgemmProblem& pr) {
 // warpgroup idle), H200, kernel times of the same build: TF32 fwd 47.5 -> 42.1 µs, TF32 data gradient (the flipped
 // forward) 50.8 -> 46.3; bf16 fwd 29.5 -> 30.1 and dgrad 29.3 -> 30.6, so 16-bit problems keep the unsplit plan.
 constexpr int64_t kMinSplitKTiles = 8;
+
+// The TF32 fprop's k tiles: every window tap times the input channels in FwdTileK<float> blocks.
+int64_t Tf32FwdKTiles(const IgemmProblem& pr) {
+  return pr.win[0] * pr.win[1] * pr.win[2] * CeilDiv(pr.c, FwdTileK<float>::value);
+}
+
 SplitPlan SplitPlanFwd(const IgemmProblem& pr, IgemmMath math) {
   SplitPlan plan;
   if (math != IgemmMath::kTF32) return plan;
   const int64_t pixels = pr.out[0] * pr.out[1] * pr.out[2];
-  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  constexpr int64_t tile_k = 32;  // FpropCfg<float>: 128-byte rows
-  const int64_t k_tiles = taps * CeilDiv(pr.c, tile_k);
+  const int64_t k_tiles = Tf32FwdKTiles(pr);
   plan.k_tiles_per_split = k_tiles;
   if (pr.k <= kNarrowTileN) return plan;
   const int64_t tiles = CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(pr.k, kFwdTileN);
@@ -713,11 +721,9 @@ size_t SplitBytes(const IgemmProblem& pr, const SplitPlan& plan) {
 int64_t LargeWindowTileN(const IgemmProblem& pr) { return pr.k <= kNarrowTileN ? kNarrowTileN : kFwdTileN; }
 
 [[maybe_unused]] SplitPlan LargeWindowPlan(const IgemmProblem& pr) {
-  constexpr int64_t tile_k = 32;  // FpropCfg<float>: 128-byte rows
   const int64_t pixels = pr.out[0] * pr.out[1] * pr.out[2];
   const int64_t tiles = CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(pr.k, LargeWindowTileN(pr));
-  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  return PlanSplits(taps * CeilDiv(pr.c, tile_k), tiles, pr.n * pixels * pr.k);
+  return PlanSplits(Tf32FwdKTiles(pr), tiles, pr.n * pixels * pr.k);
 }
 
 template <Operator Op, int Rank = 3>

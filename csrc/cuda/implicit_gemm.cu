@@ -150,11 +150,12 @@ template <class TI, class TO>
 cudaError_t BatchedTranspose(const void* in, void* out, int64_t rows, int64_t cols, int64_t batch, int64_t ibs,
                              int64_t irs, int64_t obs, int64_t ors, cudaStream_t s) {
   if (rows == 0 || cols == 0 || batch == 0) return cudaSuccess;
+  const int64_t gx = CeilDiv(cols, kTile), gy = CeilDiv(rows, kTile);
+  if (gx > (int64_t(1) << 31) - 1 || gy > 65535) return cudaErrorInvalidValue;  // ImplicitGemmApplies bounds
   if constexpr (std::is_same_v<TI, float> && std::is_same_v<TO, float>) {
-    const bool vec = rows % 4 == 0 && cols % 4 == 0 && ibs % 4 == 0 && irs % 4 == 0 && obs % 4 == 0 &&
-                     ors % 4 == 0 && Aligned16(in) && Aligned16(out);
-    const int64_t gx = CeilDiv(cols, kTile), gy = CeilDiv(rows, kTile), gz = CeilDiv(batch, kVecBatch);
-    if (vec && gx <= (int64_t(1) << 31) - 1 && gy <= 65535) {
+    if (rows % 4 == 0 && cols % 4 == 0 && ibs % 4 == 0 && irs % 4 == 0 && obs % 4 == 0 && ors % 4 == 0 &&
+        Aligned16(in) && Aligned16(out)) {
+      const int64_t gz = CeilDiv(batch, kVecBatch);
       const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                       static_cast<unsigned>(gz < 65535 ? gz : 65535));
       BatchedTransposeF32x4Kernel<<<grid, 256, 0, s>>>(static_cast<const float*>(in), static_cast<float*>(out), rows,
@@ -162,8 +163,6 @@ cudaError_t BatchedTranspose(const void* in, void* out, int64_t rows, int64_t co
       return cudaGetLastError();
     }
   }
-  const int64_t gx = CeilDiv(cols, kTile), gy = CeilDiv(rows, kTile);
-  if (gx > (int64_t(1) << 31) - 1 || gy > 65535) return cudaErrorInvalidValue;  // ImplicitGemmApplies bounds
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                   static_cast<unsigned>(batch < 65535 ? batch : 65535));
   BatchedTransposeKernel<TI, TO><<<grid, dim3(kTile, 8), 0, s>>>(static_cast<const TI*>(in), static_cast<TO*>(out),
