@@ -164,12 +164,12 @@ constexpr int TileK() {
 // One GEMM type: operands T (float: TF32 MMAs) with layouts LA, LB, output TD (RowMajor M x N), f32
 // accumulation, no C operand.
 template <class T, int TN, class LA, class LB, class TD, class MainSchedule, class EpiSchedule, class Fusion,
-          int TM = kTileM>
+          int TM = kTileM, class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto>
 struct GemmCfg {
   using Tile = Shape<Int<TM>, Int<TN>, Int<TileK<T>()>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, RowMajor, Align16B<TD>(), TD, RowMajor,
+      EpiTile, float, float, void, RowMajor, Align16B<TD>(), TD, RowMajor,
       Align16B<TD>(), EpiSchedule, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, LA, Align16B<T>(), T, LB, Align16B<T>(), float, Tile,
@@ -188,18 +188,21 @@ constexpr bool kTf32 = std::is_same_v<T, float>;
 // their epilogues, while cooperative ones store at once. H100, ResNet-50 res2 1x1 expand (64 -> 256), bf16:
 // b128 143 -> 109 µs, b32 39.4 -> 32.9 (jax.profiler, 2026-11-22); layers with c >= 128 measured slower so.
 constexpr int kWideTileM = 256;
+template <int TM>
+using FwdEpiSchedule = std::conditional_t<TM == kWideTileM, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                                          cutlass::epilogue::TmaWarpSpecialized>;
 template <class T, int TN, int TM>
 using FwdGemm = typename GemmCfg<
     T, TN, RowMajor, std::conditional_t<kTf32<T>, ColMajor, RowMajor>, T,
     std::conditional_t<TM == kWideTileM, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                        cutlass::gemm::KernelTmaWarpSpecializedPingpong>,
-    std::conditional_t<TM == kWideTileM, cutlass::epilogue::TmaWarpSpecializedCooperative,
-                       cutlass::epilogue::TmaWarpSpecialized>,
-    cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>, TM>::Gemm;
+    FwdEpiSchedule<TM>, cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>, TM,
+    FullWidthEpiTile<FwdEpiSchedule<TM>, TN>>::Gemm;
 template <class T, int TN>
 using DgradGemm = typename GemmCfg<T, TN, RowMajor, ColMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                    cutlass::epilogue::TmaWarpSpecialized,
-                                   cutlass::epilogue::fusion::LinearCombination<T, float, void, float>>::Gemm;
+                                   cutlass::epilogue::fusion::LinearCombination<T, float, void, float>, kTileM,
+                                   FullWidthEpiTile<cutlass::epilogue::TmaWarpSpecialized, TN>>::Gemm;
 template <class T, int TN>
 using WgradGemm = typename GemmCfg<T, TN, ColMajor, RowMajor, float, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                    cutlass::epilogue::TmaWarpSpecializedCooperative,

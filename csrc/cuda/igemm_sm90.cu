@@ -126,8 +126,8 @@ struct FpropCfg {
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, ActLayout<Rank>, Align16B<T>(), T,
-      ActLayout<Rank>, Align16B<T>(), cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
+      FullWidthEpiTile<cutlass::epilogue::TmaWarpSpecialized, TileN>, float, float, void, ActLayout<Rank>,
+      Align16B<T>(), T, ActLayout<Rank>, Align16B<T>(), cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, T, ActLayout<Rank>, Align16B<T>(), T,
       ActLayout<Rank>, Align16B<T>(), float, TileShape, Cluster1,
@@ -146,8 +146,8 @@ struct DgradCfg {
   using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<_64>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::TensorNDHWC,
-      Align16B<T>(), T, cutlass::layout::TensorNDHWC, Align16B<T>(),
+      FullWidthEpiTile<cutlass::epilogue::TmaWarpSpecialized, TileN>, float, float, void,
+      cutlass::layout::TensorNDHWC, Align16B<T>(), T, cutlass::layout::TensorNDHWC, Align16B<T>(),
       cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, T, cutlass::layout::TensorNDHWC, Align16B<T>(), T,
