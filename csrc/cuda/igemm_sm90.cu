@@ -23,8 +23,10 @@
 // schedules), so this file runs two variants of its body with the unchanged CUTLASS collectives: fprop/dgrad
 // persistent with two consumer warpgroups in ping-pong (PingpongConvKernel: one warpgroup's MMAs overlap the
 // other's epilogue; on the H100 it beat a one-consumer persistent kernel on 6 of 7 ResNet-50 layers at batch
-// 128), wgrad and small-grid tf32 fprop with a k-tile range per blockIdx.z (SplitKKernel). Cluster 1x1x1
-// throughout.
+// 128), and for the split forwards (small-grid and large-window tf32) over (tile, k range) units into f32
+// slices; wgrad with a k-tile range per blockIdx.z (SplitKKernel). Cluster 1x1x1 throughout. The ping-pong split
+// forward against SplitKKernel on the H200 (same build, jax.profiler): the swapped TF32 filter gradient of ResNet-50
+// res5 3x3 b128 115.7 -> 94.6 us, res2 b32 and res3 b128 unchanged (44.4, 87.2).
 //
 // Built only when the build's arch list has 90a (CMake defines JAXCONV_IGEMM_SM90=1 for that target); otherwise
 // every entry point reports "not supported".
@@ -210,7 +212,7 @@ struct SplitCfg {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// Split-K (wgrad, the TF32 forward on small grids, the large-window TF32 forward): the body of CUTLASS's
+// Split-K for wgrad (the forwards split on PingpongConvKernel): the body of CUTLASS's
 // non-persistent warp-specialised kernel (GemmUniversal for KernelTmaWarpSpecialized,
 // sm90_gemm_tma_warpspecialized.hpp), with two changes: block z runs only its range of k tiles, and the epilogue
 // sees L = splits with l = blockIdx.z (the L stride of dD separates the slices).
@@ -359,7 +361,9 @@ struct SplitKKernel {
 // collectives. An ordered barrier lets one warpgroup's MMAs run while the other's epilogue drains, so the tensor
 // cores stay busy through epilogues (what limits short reductions and 64-wide layers). The producer warp loads
 // every tile in walk order; each consumer skips the other's k tiles in the shared pipeline.
-template <class Base>
+// Split (SplitCfg kernels, whose register epilogue writes f32 slices): the walk is over units u = s * tiles + t,
+// tile t's k tiles [s * k_tiles_per_split, + k_tiles_per_split) into slice s (the epilogue's L index).
+template <class Base, bool Split = false>
 struct PingpongConvKernel {
   using ProblemShape = typename Base::ProblemShape;
   using CollectiveMainloop = typename Base::CollectiveMainloop;
@@ -392,6 +396,7 @@ struct PingpongConvKernel {
   struct Params {
     typename Base::Params base;
     int tiles_m, tiles_n;  // tile t -> (m = t / tiles_n, n = t % tiles_n): blocks running together share A rows
+    int splits = 1, k_tiles_per_split = 0;  // Split only (the host plan leaves no split empty)
   };
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
@@ -461,36 +466,59 @@ struct PingpongConvKernel {
     auto load_inputs = collective_mainloop.load_init(problem_shape_MNKL, params.base.mainloop);
     cute::Tensor gA_mkl = get<0>(load_inputs);
     cute::Tensor gB_nkl = get<1>(load_inputs);
-    const int k_tile_count = int(size<3>(gA_mkl));
+    const int k_tiles = int(size<3>(gA_mkl));
     const auto c_tile_count = CollectiveEpilogue::get_load_pipe_increment(blk_shape);
     const auto d_tile_count = CollectiveEpilogue::get_store_pipe_increment(blk_shape);
     const int tiles = params.tiles_m * params.tiles_n;
-    auto tile_coord = [&](int t) {
+    const int units = Split ? tiles * params.splits : tiles;
+    const int per = Split ? params.k_tiles_per_split : k_tiles;
+    auto k_begin = [&](int u) { return Split ? (u / tiles) * per : 0; };
+    auto k_count = [&](int u) { return Split ? max(0, min(per, k_tiles - k_begin(u))) : k_tiles; };
+    auto tile_coord = [&](int u) {
+      const int t = Split ? u % tiles : u;
       return make_coord(idx2crd(t / params.tiles_n, shape<2>(gA_mkl)), idx2crd(t % params.tiles_n, shape<2>(gB_nkl)),
                         _, Int<0>{});
+    };
+    // The epilogue's view: split units write slice u / tiles of L = splits.
+    auto epi_shape = [&] {
+      if constexpr (Split) {
+        return make_shape(get<0>(problem_shape_MNKL), get<1>(problem_shape_MNKL), get<2>(problem_shape_MNKL),
+                          params.splits);
+      } else {
+        return problem_shape_MNKL;
+      }
+    }();
+    auto epi_coord = [&](int u) {
+      if constexpr (Split) {
+        const int t = u % tiles;
+        return make_coord(idx2crd(t / params.tiles_n, shape<2>(gA_mkl)), idx2crd(t % params.tiles_n, shape<2>(gB_nkl)),
+                          _, u / tiles);
+      } else {
+        return tile_coord(u);
+      }
     };
 
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<LoadRegisters>();
       if (is_load_warp) {
         cutlass::arch::wait_on_dependent_grids();
-        for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
-          auto k_tile_iter = cute::make_coord_iterator(shape<3>(gA_mkl));
+        for (int u = int(blockIdx.x); u < units; u += int(gridDim.x)) {
+          const int kc = k_count(u);
+          auto k_tile_iter = cute::make_coord_iterator(idx2crd(k_begin(u), shape<3>(gA_mkl)), shape<3>(gA_mkl));
           collective_mainloop.load(params.base.mainloop, mainloop_pipeline, mainloop_pipe_producer_state,
-                                   load_inputs, tile_coord(t), k_tile_iter, k_tile_count, lane_idx,
-                                   block_rank_in_cluster, shared_storage.tensors.mainloop);
-          mainloop_pipe_producer_state.advance(k_tile_count);
+                                   load_inputs, tile_coord(u), k_tile_iter, kc, lane_idx, block_rank_in_cluster,
+                                   shared_storage.tensors.mainloop);
+          mainloop_pipe_producer_state.advance(kc);
         }
         collective_mainloop.load_tail(mainloop_pipeline, mainloop_pipe_producer_state);
       } else if (is_epi_load_warp) {
         CollectiveEpilogue collective_epilogue(params.base.epilogue, shared_storage.tensors.epilogue);
         if (collective_epilogue.is_producer_load_needed()) {
           cutlass::arch::wait_on_dependent_grids();
-          for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+          for (int u = int(blockIdx.x); u < units; u += int(gridDim.x)) {
             epi_load_pipe_producer_state =
-                collective_epilogue.load(epi_load_pipeline, epi_load_pipe_producer_state, problem_shape_MNKL,
-                                         blk_shape, tile_coord(t), tiled_mma, lane_idx,
-                                         shared_storage.tensors.epilogue);
+                collective_epilogue.load(epi_load_pipeline, epi_load_pipe_producer_state, epi_shape, blk_shape,
+                                         epi_coord(u), tiled_mma, lane_idx, shared_storage.tensors.epilogue);
           }
           collective_epilogue.load_tail(epi_load_pipeline, epi_load_pipe_producer_state);
         }
@@ -498,32 +526,35 @@ struct PingpongConvKernel {
     } else {
       cutlass::arch::warpgroup_reg_alloc<MmaRegisters>();
       const int wg = warp_group - 1;
-      if (wg == 1) {  // start after the first warpgroup's tile in every pipeline
-        mainloop_pipe_consumer_state.advance(k_tile_count);
-        epi_load_pipe_consumer_state.advance(c_tile_count);
-        epi_store_pipe_producer_state.advance(d_tile_count);
-      }
       CollectiveEpilogue collective_epilogue(params.base.epilogue, shared_storage.tensors.epilogue);
-      for (int t = int(blockIdx.x) + wg * int(gridDim.x); t < tiles; t += 2 * int(gridDim.x)) {
+      // The block's units in walk order: warpgroup wg runs those with j % 2 == wg and skips the other's stages in
+      // every shared pipeline.
+      for (int j = 0, u = int(blockIdx.x); u < units; ++j, u += int(gridDim.x)) {
+        const int kc = k_count(u);
+        if ((j & 1) != wg) {
+          mainloop_pipe_consumer_state.advance(kc);
+          epi_load_pipe_consumer_state.advance(c_tile_count);
+          epi_store_pipe_producer_state.advance(d_tile_count);
+          continue;
+        }
         cute::Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(blk_shape));
+        if (kc == 0) cute::clear(accumulators);  // mma() zeroes them with its first k tile only
         math_order.wait();  // MMAs of the two warpgroups in turn
-        collective_mainloop.mma(mainloop_pipeline, mainloop_pipe_consumer_state, accumulators, k_tile_count,
+        collective_mainloop.mma(mainloop_pipeline, mainloop_pipe_consumer_state, accumulators, kc,
                                 warp_group_thread_idx, shared_storage.tensors.mainloop, params.base.mainloop);
         math_order.arrive();
-        collective_mainloop.mma_tail(mainloop_pipeline, mainloop_pipe_consumer_state, k_tile_count);
-        mainloop_pipe_consumer_state.advance(k_tile_count * NumMmaWarpGroups);
+        collective_mainloop.mma_tail(mainloop_pipeline, mainloop_pipe_consumer_state, kc);
+        mainloop_pipe_consumer_state.advance(kc);
         math_order.wait();  // epilogues in turn: they share the epilogue's shared memory
         auto [epi_load_next, epi_store_next] = collective_epilogue.store(
             epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline, epi_store_pipe_producer_state,
-            problem_shape_MNKL, blk_shape, tile_coord(t), accumulators, tiled_mma, warp_group_thread_idx,
+            epi_shape, blk_shape, epi_coord(u), accumulators, tiled_mma, warp_group_thread_idx,
             shared_storage.tensors.epilogue);
         // This warpgroup's TMA stores must finish before the other warpgroup's epilogue reuses the buffers.
         auto [epi_load_done, epi_store_done] =
             collective_epilogue.store_tail(epi_load_pipeline, epi_load_next, epi_store_pipeline, epi_store_next);
         epi_load_pipe_consumer_state = epi_load_done;
         epi_store_pipe_producer_state = epi_store_done;
-        epi_load_pipe_consumer_state.advance(c_tile_count);
-        epi_store_pipe_producer_state.advance(d_tile_count);
         math_order.arrive();
       }
       cutlass::arch::launch_dependent_grids();
@@ -885,31 +916,38 @@ cudaError_t RunSplitFwd(const IgemmProblem& pr, const IgemmArgs& a, const SplitP
                         cudaStream_t stream) {
   static_assert(Cfg::kOp == Operator::kFprop && Cfg::kSplit, "the split forward");
   using Base = typename Cfg::Kernel;
-  using Split = SplitKKernel<Base>;
+  using Pingpong = PingpongConvKernel<Base, /*Split=*/true>;
   if (plan.splits < 1) return cudaErrorNotSupported;
   if (a.workspace == nullptr || !Aligned16(a.workspace) || a.workspace_bytes < SplitBytes(pr, plan)) {
     return cudaErrorInvalidValue;
   }
   const auto args = MakeArguments<Cfg>(pr, a, a.workspace);
   if (!ShapeMatches(args.problem_shape, pr) || !Base::can_implement(args)) return cudaErrorNotSupported;
-  typename Split::Params params;
+  typename Pingpong::Params params;
   params.base = Base::to_underlying_arguments(args, nullptr);
   params.k_tiles_per_split = int(plan.k_tiles_per_split);
   params.splits = int(plan.splits);
-  dim3 grid = Base::get_grid_shape(params.base);  // (m tiles, n tiles, 1)
+  const dim3 grid = Base::get_grid_shape(params.base);  // (m tiles, n tiles, 1)
   const int64_t pixels = pr.out[0] * pr.out[1] * pr.out[2];
   constexpr int64_t tile_n = cute::size<1>(typename Cfg::TileShape{});
   if (int64_t(grid.x) != CeilDiv(pr.n * pixels, kFwdTileM) || int64_t(grid.y) != CeilDiv(pr.k, tile_n) ||
       grid.z != 1) {
     return cudaErrorNotSupported;  // the plan's tile count
   }
-  grid.z = unsigned(plan.splits);
-  if (const cudaError_t e = LaunchKernel<Split>(params, grid, stream); e != cudaSuccess) return e;
+  params.tiles_m = int(grid.x);
+  params.tiles_n = int(grid.y);
+  // Persistent, one block per SM: each block's two consumer warpgroups walk its (tile, split) units.
+  const int64_t units = int64_t(grid.x) * grid.y * plan.splits;
+  if (units > INT32_MAX) return cudaErrorNotSupported;
+  const int64_t blocks = std::min<int64_t>(units, MultiprocessorCount());
+  if (const cudaError_t e = LaunchKernel<Pingpong>(params, dim3(unsigned(blocks), 1, 1), stream); e != cudaSuccess) {
+    return e;
+  }
   using T = typename Cfg::Element;
   const int64_t count4 = pr.n * pixels * pr.k / 4;  // k % 4 == 0 (ExtentChecks)
   const int threads = 256;
-  const int64_t blocks = std::min<int64_t>(CeilDiv(count4, threads), 16 * kPlanSms);
-  ReduceSplitsEpilogue<T><<<unsigned(blocks), threads, 0, stream>>>(
+  const int64_t reduce_blocks = std::min<int64_t>(CeilDiv(count4, threads), 16 * kPlanSms);
+  ReduceSplitsEpilogue<T><<<unsigned(reduce_blocks), threads, 0, stream>>>(
       static_cast<const float4*>(a.workspace), plan.splits, count4, pr.k, static_cast<const T*>(a.bias), int(a.act),
       batch_inner ? pr.n : 0, static_cast<cutlass::AlignedArray<T, 4>*>(a.out));
   return cudaGetLastError();
