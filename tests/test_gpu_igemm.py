@@ -93,6 +93,9 @@ CASES = {
     "swapped_wgrad_dil_asym": ((4, 17, 19, 24), (3, 5), ((2, 0), (1, 3)), (2, 1), (1, 1), 72),
     "swapped_wgrad_conv1d": ((8, 120, 32), (5,), ((2, 2),), (1,), (1,), 24),
     "swapped_wgrad_56": ((4, 56, 56, 64), (3, 3), "SAME", (1, 1), (1, 1), 64),
+    # ... and more (tile, split) units than the GPU has SMs (135 tiles x 5 splits of 399 k tiles: 80 each, the last
+    # 79), so the persistent ping-pong split kernel's warpgroups take turns over units of unequal length.
+    "swapped_wgrad_units": ((4, 19, 21, 640), (3, 3), "SAME", (1, 1), (1, 1), 264),
 }
 ALGOS = ("implicit_gemm", "implicit_gemm_sm80")
 # dtype name -> (operand dtype, precision, tolerance)
