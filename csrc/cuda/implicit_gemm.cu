@@ -183,9 +183,11 @@ cudaError_t BatchedTranspose(const void* in, void* out, int64_t rows, int64_t co
   if (rows == 0 || cols == 0 || batch == 0) return cudaSuccess;
   const int64_t gx = CeilDiv(cols, kTile), gy = CeilDiv(rows, kTile);
   if (gx > (int64_t(1) << 31) - 1 || gy > 65535) return cudaErrorInvalidValue;  // ImplicitGemmApplies bounds
+  // The vector kernels move 4 elements at a time: every extent and stride a multiple of 4.
+  [[maybe_unused]] const bool by4 =
+      rows % 4 == 0 && cols % 4 == 0 && ibs % 4 == 0 && irs % 4 == 0 && obs % 4 == 0 && ors % 4 == 0;
   if constexpr (std::is_same_v<TI, float> && std::is_same_v<TO, float>) {
-    if (rows % 4 == 0 && cols % 4 == 0 && ibs % 4 == 0 && irs % 4 == 0 && obs % 4 == 0 && ors % 4 == 0 &&
-        Aligned16(in) && Aligned16(out)) {
+    if (by4 && Aligned16(in) && Aligned16(out)) {
       const int64_t gz = CeilDiv(batch, kVecBatch);
       const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                       static_cast<unsigned>(gz < 65535 ? gz : 65535));
@@ -197,7 +199,7 @@ cudaError_t BatchedTranspose(const void* in, void* out, int64_t rows, int64_t co
   if constexpr (sizeof(TI) == 2 && std::is_same_v<TI, TO>) {
     const bool aligned = reinterpret_cast<uintptr_t>(in) % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
     const int64_t gx16 = CeilDiv(cols, kTile16), gy16 = CeilDiv(rows, kTile16);
-    if (rows % 4 == 0 && cols % 4 == 0 && ibs % 4 == 0 && irs % 4 == 0 && obs % 4 == 0 && ors % 4 == 0 && aligned) {
+    if (by4 && aligned) {
       const dim3 grid(static_cast<unsigned>(gx16), static_cast<unsigned>(gy16),
                       static_cast<unsigned>(batch < 65535 ? batch : 65535));
       BatchedTranspose16x4Kernel<<<grid, 256, 0, s>>>(static_cast<const unsigned short*>(in),
