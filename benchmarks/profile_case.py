@@ -17,6 +17,7 @@ that cannot run a case is reported and skipped.
 
 import argparse
 import functools
+import zlib
 
 import jax
 
@@ -30,6 +31,12 @@ def _conv(impl, algorithm):
   from jaxconv import api
   return functools.partial(api._conv, bias=None, activation=None, preferred_element_type=None,
                            algorithm=algorithm, fn="profile_case")
+
+
+def _short(kernel_name):
+  """The kernel name cut to 60 characters, and a tag of the whole name: template instances (tile shapes) that
+  share the first 60 characters stay apart."""
+  return f"{kernel_name[:60]}#{zlib.crc32(kernel_name.encode()) & 0xffff:04x}"
 
 
 def _op_fn(case, dtype, op, impl, algorithm, name):
@@ -80,7 +87,7 @@ def main():
             print(f"| {case.name} | {dtype} | {op} | {label} | - | {prof.get('reason')} |", flush=True)
             continue
           n = max(prof["ncalls"], 1)
-          kern = "; ".join(f"{k['name'][:60]} x{k['count'] // n} {k['total_us'] / n:.2f}" for k in prof["top"][:4])
+          kern = "; ".join(f"{_short(k['name'])} x{k['count'] // n} {k['total_us'] / n:.2f}" for k in prof["top"][:4])
           print(f"| {case.name} | {dtype} | {op} | {label} | {prof['median_run_us']:.2f} | {kern} |", flush=True)
 
 
