@@ -7,7 +7,8 @@
 //   dgrad  dx = dy @ w^T            A = dy RowMajor (K-major), B = w ColumnMajor (K-major)    pingpong 128x128
 //   wgrad  dw = x^T @ dy            A = x ColumnMajor (M-major), B = dy RowMajor (N-major)    cooperative 128x128
 // Instantiations: those three x {bf16, f16, float as TF32} x {128, 64}-wide N tiles (64 when the GEMM's N is at
-// most 64); the K tile is 128 bytes of operand (64 16-bit values, 32 floats); f32 accumulation; cluster 1x1x1
+// most 64, or on small grids), plus 64x128 tiles for 16-bit fwd/dgrad on small grids with N over 64 (TallM); the K
+// tile is 128 bytes of operand (64 16-bit values, 32 floats); f32 accumulation; cluster 1x1x1
 // (the filter operand is small and L2-resident, so multicast buys little, and odd M tails cost nothing extra).
 // TF32 (float32 at DEFAULT precision, as lax) reads f32 operands; wgmma takes TF32 only K-major from shared
 // memory. wgrad's MN-major operands go through CUTLASS's transposing mainloop (x through registers, dy transposed
@@ -150,6 +151,14 @@ bool NarrowN(const Dims& g, CudaOp op) {
   return op != CudaOp::kWgrad && CeilDiv(g.m, kTileM) * CeilDiv(n, kTileN) < kPlanSms;
 }
 
+// 16-bit fwd/dgrad that NarrowN puts on small tiles although N is over 64 take 64x128 tiles instead: about as many
+// tiles, and one warpgroup's m64n128k16 reads 6 KB of shared memory per 64 tensor-core cycles where the two
+// m64n64k16 of a 128x64 tile read 8 KB, all that the SM's shared memory delivers in that time.
+constexpr int kTallTileM = 64;
+bool TallM(const Dims& g, CudaOp op) {
+  return op != CudaOp::kWgrad && (op == CudaOp::kDgrad ? g.c : g.k) > kNarrowTileN && NarrowN(g, op);
+}
+
 using namespace cute;
 
 
@@ -204,10 +213,14 @@ using FwdGemm = typename GemmCfg<
                        cutlass::gemm::KernelTmaWarpSpecializedPingpong>,
     FwdEpiSchedule<TM>, cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>, TM,
     FullWidthEpiTile<FwdEpiSchedule<TM>, TN>>::Gemm;
-template <class T, int TN>
+// dgrad's M tile for a Variant's TM: kWideTileM is the forward's only (so is never instantiated for dgrad).
+template <int TM>
+constexpr int kDgradTileM = TM == kWideTileM ? int(kTileM) : TM;
+template <class T, int TN, int TM>
 using DgradGemm = typename GemmCfg<T, TN, RowMajor, ColMajor, T, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                    cutlass::epilogue::TmaWarpSpecialized,
-                                   cutlass::epilogue::fusion::LinearCombination<T, float, void, float>, kTileM,
+                                   cutlass::epilogue::fusion::LinearCombination<T, float, void, float>,
+                                   kDgradTileM<TM>,
                                    FullWidthEpiTile<cutlass::epilogue::TmaWarpSpecialized, TN>>::Gemm;
 template <class T, int TN>
 using WgradGemm = typename GemmCfg<T, TN, ColMajor, RowMajor, float, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
@@ -254,9 +267,9 @@ typename FwdGemm<T, TN, TM>::Arguments FwdArgs(const Dims& g, const void* x, con
 }
 
 // dx (M x C) = dy (M x K) @ w^T.
-template <class T, int TN>
-typename DgradGemm<T, TN>::Arguments DgradArgs(const Dims& g, const void* dy, const void* w, void* dx) {
-  auto args = BaseArgs<DgradGemm<T, TN>>(g.m, g.c, g.k, 1);
+template <class T, int TN, int TM>
+typename DgradGemm<T, TN, TM>::Arguments DgradArgs(const Dims& g, const void* dy, const void* w, void* dx) {
+  auto args = BaseArgs<DgradGemm<T, TN, TM>>(g.m, g.c, g.k, 1);
   args.mainloop.ptr_A = static_cast<const T*>(dy);
   get<0>(args.mainloop.dA) = g.k;  // A[m][kk] = dy[m*K + kk]
   get<2>(args.mainloop.dA) = g.m * g.k;
@@ -313,7 +326,8 @@ size_t KernelWorkspace(const Dims& g, CudaOp op) {
   switch (op) {
     case CudaOp::kFwd:
       return FwdGemm<T, TN, TM>::get_workspace_size(FwdArgs<T, TN, TM>(g, nullptr, nullptr, nullptr, 0, nullptr));
-    case CudaOp::kDgrad: return DgradGemm<T, TN>::get_workspace_size(DgradArgs<T, TN>(g, nullptr, nullptr, nullptr));
+    case CudaOp::kDgrad:
+      return DgradGemm<T, TN, TM>::get_workspace_size(DgradArgs<T, TN, TM>(g, nullptr, nullptr, nullptr));
     default: {
       const WgradPlan pl = PlanWgrad(g, TileK<T>());
       size_t b = WgradGemm<T, TN>::get_workspace_size(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr));
@@ -330,7 +344,7 @@ bool KernelsImplement(const Dims& g, CudaOp op) {
   switch (op) {
     case CudaOp::kFwd:
       return CanImplement<FwdGemm<T, TN, TM>>(FwdArgs<T, TN, TM>(g, nullptr, nullptr, nullptr, 0, nullptr));
-    case CudaOp::kDgrad: return CanImplement<DgradGemm<T, TN>>(DgradArgs<T, TN>(g, nullptr, nullptr, nullptr));
+    case CudaOp::kDgrad: return CanImplement<DgradGemm<T, TN, TM>>(DgradArgs<T, TN, TM>(g, nullptr, nullptr, nullptr));
     default: {
       const WgradPlan pl = PlanWgrad(g, TileK<T>());
       return CanImplement<WgradGemm<T, TN>>(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr)) &&
@@ -355,9 +369,9 @@ cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* 
       return Launch<FwdGemm<T, TN, TM>>(args, kernel_ws, s);
     }
     case CudaOp::kDgrad: {
-      const auto args = DgradArgs<T, TN>(g, a, b, out_buf);
-      if (!CanImplement<DgradGemm<T, TN>>(args)) return cudaErrorNotSupported;
-      return Launch<DgradGemm<T, TN>>(args, kernel_ws, s);
+      const auto args = DgradArgs<T, TN, TM>(g, a, b, out_buf);
+      if (!CanImplement<DgradGemm<T, TN, TM>>(args)) return cudaErrorNotSupported;
+      return Launch<DgradGemm<T, TN, TM>>(args, kernel_ws, s);
     }
     default: {
       const WgradPlan pl = PlanWgrad(g, TileK<T>());
@@ -375,8 +389,8 @@ cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* 
     }
   }
 }
-// The kernels of one problem: operand type, N tile width and the forward's M tile (kWideTileM: cooperative), as
-// types.
+// The kernels of one problem: operand type, N tile width and the fwd/dgrad M tile (the forward's kWideTileM:
+// cooperative; kTallTileM: TallM), as types.
 template <class T, int TN, int TM = kTileM>
 struct Variant {
   static constexpr int kN = TN, kM = TM;
@@ -387,8 +401,9 @@ template <class T, class F>
 auto WithVariant(const ConvParams& p, CudaOp op, F&& f) {
   const Dims g = DimsOf(p);
   const bool narrow = NarrowN(g, op), wide_m = op == CudaOp::kFwd && !narrow && g.c <= 64;
-  if constexpr (!kTf32<T>) {  // TF32: not measured with the wide tiles
+  if constexpr (!kTf32<T>) {  // TF32: not measured with the wide or tall tiles
     if (wide_m) return f(Variant<T, kTileN, kWideTileM>{});
+    if (TallM(g, op)) return f(Variant<T, kTileN, kTallTileM>{});
   }
   return narrow ? f(Variant<T, kNarrowTileN>{}) : f(Variant<T, kTileN>{});
 }

@@ -3,7 +3,8 @@
 //
 // Instantiations (one per op x math x tile width; f32 accumulation everywhere), rank 3 (ConvProblemShape<op, 3>) but
 // for the large-window forward:
-//   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32; k <= 64 or fewer tiles than SMs: 128x64), out =
+//   fprop  bf16, f16, tf32   tile 128x128x64 (tf32: x32; k <= 64, and tf32 with fewer tiles than SMs: 128x64;
+//                            16-bit with k > 64 and fewer tiles than SMs: 64x128), out =
 //                            operand type, fused y = act(acc + bias[k])
 //   dgrad  bf16, f16         tile 128x128x64 (as fprop, with c), out = operand type, unit stride only (the sm90
 //                            collective has no strided dgrad), no bias/act
@@ -85,6 +86,10 @@ constexpr int kFwdTileM = 128, kFwdTileN = 128;  // fprop/dgrad: M = output pixe
 // 128-wide tile would spend half its MMAs on zero columns (ResNet's 64-channel layers). So do problems with few
 // tiles (NarrowN).
 constexpr int kNarrowTileN = 64;
+// 16-bit fprop/dgrad with GEMM N over 64 on small grids: 64x128 tiles rather than 128x64 (TallM). About as many
+// tiles, but one warpgroup's m64n128k16 reads 6 KB of shared memory per 64 tensor-core cycles, where the two
+// m64n64k16 of a 128x64 tile read 8 KB, all that an SM's shared memory delivers in that time.
+constexpr int kTallTileM = 64;
 constexpr int kWgTileM = 128, kWgTileN = 64, kWgTileK = 64;  // wgrad: M = K, N = C (one tap), K = pixels
 constexpr int kWgNarrowTileM = 64;  // wgrad with k <= 64: a 128-row tile would spend half its MMAs on zero rows
 int64_t WgTileM(int64_t k) { return k <= kWgNarrowTileM ? kWgNarrowTileM : kWgTileM; }
@@ -117,14 +122,14 @@ using ActLayout = cute::conditional_t<Rank == 3, cutlass::layout::TensorNDHWC, c
 template <class T>
 using FwdTileK = cute::conditional_t<cute::is_same_v<T, float>, _32, _64>;
 
-template <class T, int TileN = kFwdTileN, int Rank = 3>
+template <class T, int TileN = kFwdTileN, int Rank = 3, int TileM = kFwdTileM>
 struct FpropCfg {
   static constexpr Operator kOp = Operator::kFprop;
   static constexpr bool kSplit = false;  // SplitCfg<FpropCfg>: split over the reduction
   static constexpr int kRank = Rank;
   using Element = T;
   using TileK = FwdTileK<T>;
-  using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<TileK>>;
+  using TileShape = Shape<Int<TileM>, Int<TileN>, Shape<TileK>>;
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeAct, T, float, T, T, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
@@ -139,13 +144,13 @@ struct FpropCfg {
       cutlass::conv::kernel::ConvUniversal<cutlass::conv::ConvProblemShape<kOp, Rank>, Mainloop, Epilogue>;
 };
 
-template <class T, int TileN = kFwdTileN>
+template <class T, int TileN = kFwdTileN, int TileM = kFwdTileM>
 struct DgradCfg {
   static constexpr Operator kOp = Operator::kDgrad;
   static constexpr bool kSplit = false;
   static constexpr int kRank = 3;
   using Element = T;
-  using TileShape = Shape<Int<kFwdTileM>, Int<TileN>, Shape<_64>>;
+  using TileShape = Shape<Int<TileM>, Int<TileN>, Shape<_64>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster1,
       FullWidthEpiTile<cutlass::epilogue::TmaWarpSpecialized, TileN>, float, float, void,
@@ -881,14 +886,17 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
   return cudaGetLastError();
 }
 
-// Whether an unsplit fprop/dgrad (SplitPlanFwd first) takes the 128 x kNarrowTileN tiles: GEMM N at most 64, or
-// fewer 128x128 tiles than an H100 has SMs, where half-width tiles put twice as many SMs to work. kPlanSms, not
-// the device's count: Supports must not query the device.
-[[maybe_unused]] bool NarrowN(const IgemmProblem& pr, CudaOp op) {
+// The unsplit fprop/dgrad tile (SplitPlanFwd first). GEMM N (fprop k, dgrad c) at most 64: 128 x kNarrowTileN. Fewer
+// 128x128 tiles than an H100 has SMs: tiles of half the size put about twice as many SMs to work, 64x128 (kTallTileM)
+// for 16-bit operands, 128 x kNarrowTileN for TF32 (no tall instantiation). Else 128x128. kPlanSms, not the
+// device's count: Supports must not query the device.
+enum class FwdTile { kWide, kNarrow, kTall };
+[[maybe_unused]] FwdTile FwdTileOf(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
   const int64_t n = op == CudaOp::kFwd ? pr.k : pr.c;
-  if (n <= kNarrowTileN) return true;
+  if (n <= kNarrowTileN) return FwdTile::kNarrow;
   const int64_t pixels = op == CudaOp::kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
-  return CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(n, kFwdTileN) < kPlanSms;
+  if (CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(n, kFwdTileN) >= kPlanSms) return FwdTile::kWide;
+  return math == IgemmMath::kTF32 ? FwdTile::kNarrow : FwdTile::kTall;
 }
 
 // The current device's multiprocessors (cached per device; an attribute query does not synchronise): the
@@ -1025,16 +1033,26 @@ auto WithWgradCfg(const IgemmProblem& pr, F&& f) {
   return f(WgradCfg<T>{});
 }
 
-// Calls f(Cfg<T, tile N>{}) (FpropCfg or DgradCfg) with the problem's tiles: SplitCfg on 128x128 tiles when
-// SplitPlanFwd splits (the TF32 forward, so instantiated for FpropCfg<float> only), else 128 x kNarrowTileN
-// (NarrowN) or 128x128.
-template <template <class, int> class Cfg, class T, class F>
+// FpropCfg and DgradCfg by (T, tile N, tile M).
+template <class T, int TileN, int TileM>
+using FpropTiles = FpropCfg<T, TileN, 3, TileM>;
+template <class T, int TileN, int TileM>
+using DgradTiles = DgradCfg<T, TileN, TileM>;
+
+// Calls f(Cfg<T, tile N, tile M>{}) (FpropTiles or DgradTiles) with the problem's tiles: SplitCfg on 128x128 tiles
+// when SplitPlanFwd splits (the TF32 forward, so instantiated for FpropCfg<float> only), else FwdTileOf's.
+template <template <class, int, int> class Cfg, class T, class F>
 auto WithFwdCfg(const IgemmProblem& pr, CudaOp op, IgemmMath math, F&& f) {
-  if constexpr (cute::is_same_v<T, float> && Cfg<T, kFwdTileN>::kOp == Operator::kFprop) {
-    if (SplitPlanFwd(pr, math).splits > 1) return f(SplitCfg<Cfg<T, kFwdTileN>>{});
+  using Wide = Cfg<T, kFwdTileN, kFwdTileM>;
+  if constexpr (cute::is_same_v<T, float> && Wide::kOp == Operator::kFprop) {
+    if (SplitPlanFwd(pr, math).splits > 1) return f(SplitCfg<Wide>{});
   }
-  if (NarrowN(pr, op)) return f(Cfg<T, kNarrowTileN>{});
-  return f(Cfg<T, kFwdTileN>{});
+  const FwdTile tile = FwdTileOf(pr, op, math);
+  if constexpr (!cute::is_same_v<T, float>) {
+    if (tile == FwdTile::kTall) return f(Cfg<T, kFwdTileN, kTallTileM>{});
+  }
+  if (tile == FwdTile::kNarrow) return f(Cfg<T, kNarrowTileN, kFwdTileM>{});
+  return f(Wide{});
 }
 
 // Calls f(SplitCfg<FpropCfg<float, tile N, rank 2>>{}): the large-window TF32 forward's kernel.
@@ -1061,9 +1079,9 @@ cudaError_t LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& args, cudaSt
 bool FwdSupports(const IgemmProblem& pr, IgemmMath math) {
   constexpr CudaOp op = CudaOp::kFwd;
   auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
-  if (math == IgemmMath::kBF16) return WithFwdCfg<FpropCfg, cutlass::bfloat16_t>(pr, op, math, can);
-  if (math == IgemmMath::kF16) return WithFwdCfg<FpropCfg, cutlass::half_t>(pr, op, math, can);
-  return WithFwdCfg<FpropCfg, float>(pr, op, math, can);
+  if (math == IgemmMath::kBF16) return WithFwdCfg<FpropTiles, cutlass::bfloat16_t>(pr, op, math, can);
+  if (math == IgemmMath::kF16) return WithFwdCfg<FpropTiles, cutlass::half_t>(pr, op, math, can);
+  return WithFwdCfg<FpropTiles, float>(pr, op, math, can);
 }
 
 cudaError_t FwdRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream) {
@@ -1071,9 +1089,9 @@ cudaError_t FwdRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args
   // kF32 out is the operand type for tf32 (f32 operands); 16-bit operands write 16-bit only.
   if (args.out_type != IgemmOut::kSame && math != IgemmMath::kTF32) return cudaErrorNotSupported;
   auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
-  if (math == IgemmMath::kBF16) return WithFwdCfg<FpropCfg, cutlass::bfloat16_t>(pr, op, math, run);
-  if (math == IgemmMath::kF16) return WithFwdCfg<FpropCfg, cutlass::half_t>(pr, op, math, run);
-  return WithFwdCfg<FpropCfg, float>(pr, op, math, run);
+  if (math == IgemmMath::kBF16) return WithFwdCfg<FpropTiles, cutlass::bfloat16_t>(pr, op, math, run);
+  if (math == IgemmMath::kF16) return WithFwdCfg<FpropTiles, cutlass::half_t>(pr, op, math, run);
+  return WithFwdCfg<FpropTiles, float>(pr, op, math, run);
 }
 #endif
 
@@ -1081,16 +1099,16 @@ cudaError_t FwdRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args
 bool DgradSupports(const IgemmProblem& pr, IgemmMath math) {
   constexpr CudaOp op = CudaOp::kDgrad;
   auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
-  if (math == IgemmMath::kBF16) return WithFwdCfg<DgradCfg, cutlass::bfloat16_t>(pr, op, math, can);
-  return WithFwdCfg<DgradCfg, cutlass::half_t>(pr, op, math, can);
+  if (math == IgemmMath::kBF16) return WithFwdCfg<DgradTiles, cutlass::bfloat16_t>(pr, op, math, can);
+  return WithFwdCfg<DgradTiles, cutlass::half_t>(pr, op, math, can);
 }
 
 cudaError_t DgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream) {
   constexpr CudaOp op = CudaOp::kDgrad;
   if (args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
   auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
-  if (math == IgemmMath::kBF16) return WithFwdCfg<DgradCfg, cutlass::bfloat16_t>(pr, op, math, run);
-  return WithFwdCfg<DgradCfg, cutlass::half_t>(pr, op, math, run);
+  if (math == IgemmMath::kBF16) return WithFwdCfg<DgradTiles, cutlass::bfloat16_t>(pr, op, math, run);
+  return WithFwdCfg<DgradTiles, cutlass::half_t>(pr, op, math, run);
 }
 
 // The large-window TF32 forward builds with the data gradients, the lightest part.
