@@ -9,8 +9,8 @@
 # Wheels in .whl/ (carried: the nvidia-cutlass headers) are installed first.
 # Environment: JAXCONV_CUDA_ARCHS (default 90a), JAXCONV_FUZZ_CASES (default 300 per dtype),
 # BENCH_ARGS (extra arguments for python -m jaxconv.bench), PYTEST_FILES (default tests), PYTEST_WORKERS
-# (default 8), PYTEST_ARGS (extra pytest arguments), SANITIZE_CASES (name filter for sanitizer_cases.py), PACK
-# (default 1: everything under $OUT packed into run.tgz at the end).
+# (default 8), PYTEST_ARGS (extra pytest arguments), SANITIZE_CASES (a regular expression on sanitizer_cases.py's
+# case names), PACK (default 1: everything under $OUT packed into run.tgz at the end).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -82,7 +82,9 @@ if [[ " $steps " == *" sanitize "* ]]; then
       [ "$dev" = 0 ] && [ $rc = 0 ] || rc=86
       [ $rc = 0 ] || [ "$dev" = 0 ] || grep -A1 "Uninitialized __global__" "$OUT/sanitize_$tool.log" | grep " at " | sort | uniq -c | head
     fi
-    row "$tool" "$([ $rc = 0 ] && echo ok || echo FAILED)" "${summary:-no summary} rc=$rc ($(( $(date +%s) - t0 )) s)"
+    cases=$(grep -o "sanitizer cases: [0-9]* x 2 dtypes" "$OUT/sanitize_$tool.log" | tail -1)
+    row "$tool" "$([ $rc = 0 ] && echo ok || echo FAILED)" \
+      "${summary:-no summary}; ${cases:-no cases ran} rc=$rc ($(( $(date +%s) - t0 )) s)"
     [ $rc = 0 ] || tail -25 "$OUT/sanitize_$tool.log"
   done
 fi

@@ -84,8 +84,9 @@ template <class TO, class Acc, int N> __device__ __forceinline__ void StGlobal(T
       wd[i] = static_cast<unsigned>(Bits16<TO>(v[2 * i])) | (static_cast<unsigned>(Bits16<TO>(v[2 * i + 1])) << 16);
     }
   }
-  if constexpr (NW == 4) *reinterpret_cast<uint4*>(p) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
-  else *reinterpret_cast<uint2*>(p) = make_uint2(wd[0], wd[1]);
+  // __stwb (a plain write-back store): nvcc split plain uint2/float4 stores of make_* values into scalar ones.
+  if constexpr (NW == 4) __stwb(reinterpret_cast<uint4*>(p), make_uint4(wd[0], wd[1], wd[2], wd[3]));
+  else __stwb(reinterpret_cast<uint2*>(p), make_uint2(wd[0], wd[1]));
 }
 
 // a / b for a >= 0, b > 0 without the 64-bit division subroutine call (whose ABI register saves show up as a
