@@ -35,9 +35,11 @@ CASES = {
     "dil2": ((1, 20, 21, 16), (3, 3), "SAME", (2, 2), (1, 1), 16),
     "7x7_s2_c8": ((2, 30, 29, 8), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
     "k264_c136": ((1, 9, 11, 136), (3, 3), "SAME", (1, 1), (1, 1), 264),
-    # c % 128 == 0 with k > 64: the Hopper filter gradient's 128x128 tiles (k = 136: a partial M tile; stride 2)
+    # c % 128 == 0 with k > 64: the Hopper filter gradient's 128-wide N tiles. These two take 64-row tiles (k = 136:
+    # a partial M tile; stride 2); c384_k264 128-row ones (81 tiles fill one wave; 64-row tiles would need two).
     "wgrad_wide_c128_k136": ((2, 9, 11, 128), (3, 3), "SAME", (1, 1), (1, 1), 136),
     "wgrad_wide_c256_s2": ((2, 13, 12, 256), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 128),
+    "wgrad_wide_c384_k264": ((1, 7, 7, 384), (3, 3), "SAME", (1, 1), (1, 1), 264),
     # k <= 64: the Hopper kernels' 128x64 tiles (bf16/f16; tf32 fwd), here with a partial N tile (40 of 64); so are the
     # small cases above (fewer 128x128 tiles than an H100 has SMs). At least 132 128x128 tiles: fwd (wide_fwd)
     # and dgrad (wide_dgrad, c = 136) on the 128-wide tiles.

@@ -8,8 +8,8 @@
 //                            operand type, fused y = act(acc + bias[k])
 //   dgrad  bf16, f16         tile 128x128x64 (as fprop, with c), out = operand type, unit stride only (the sm90
 //                            collective has no strided dgrad), no bias/act
-//   wgrad  bf16, f16         tile 128x64x64 (k <= 64: 64x64x64; c % 128 == 0: 128x128x64; M = K, N = C of one
-//                            filter tap, K = N*Z*P*Q),
+//   wgrad  bf16, f16         tile 128x64x64 (k <= 64: 64x64x64; c % 128 == 0: 128x128x64, or 64x128x64 when the
+//                            split plan estimates it faster, WgTileOf; M = K, N = C of one filter tap, K = N*Z*P*Q),
 //                            f32 out, deterministic split-K over N*Z*P*Q: partial sums in the workspace, reduced
 //                            in a fixed order
 //   tf32 fprop on small grids (GEMM N > 64, 128x128 tiles filling at most half the SMs; SplitPlanFwd): 128x128
@@ -92,14 +92,11 @@ constexpr int kNarrowTileN = 64;
 constexpr int kTallTileM = 64;
 constexpr int kWgTileM = 128, kWgTileN = 64, kWgTileK = 64;  // wgrad: M = K, N = C (one tap), K = pixels
 constexpr int kWgNarrowTileM = 64;  // wgrad with k <= 64: a 128-row tile would spend half its MMAs on zero rows
-int64_t WgTileM(int64_t k) { return k <= kWgNarrowTileM ? kWgNarrowTileM : kWgTileM; }
-// wgrad with 128-row tiles and c a multiple of 128: 128-wide N tiles. A 64-wide one's wgmma (m64n64k16, both
-// operands from shared memory) reads 4 KB per 32 tensor-core cycles, all the 128 B/clk an SM's shared memory
-// delivers; 128 wide reads 6 KB per 64 cycles.
-constexpr int kWgWideTileN = 128;
-int64_t WgTileN(const IgemmProblem& pr) {
-  return WgTileM(pr.k) == kWgTileM && pr.c % kWgWideTileN == 0 ? kWgWideTileN : kWgTileN;
-}
+constexpr int kWgWideTileN = 128;   // wgrad with c % 128 == 0 (WgTileOf)
+struct WgTile {
+  int64_t m, n;
+};
+WgTile WgTileOf(const IgemmProblem& pr);
 constexpr int64_t kMaxSplits = 256;
 constexpr int64_t kMaxSplitWorkspace = int64_t(256) << 20;  // bytes of wgrad partial sums at most
 constexpr int64_t kMaxGridY = 65535;
@@ -655,7 +652,7 @@ bool ExtentChecks(const IgemmProblem& pr, int64_t align) {
   }
   // wgrad's grid has the N tiles in y (at most 65535); fprop/dgrad use a 1-D persistent grid.
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  return op != CudaOp::kWgrad || CeilDiv(pr.c, WgTileN(pr)) * taps <= kMaxGridY;
+  return op != CudaOp::kWgrad || CeilDiv(pr.c, WgTileOf(pr).n) * taps <= kMaxGridY;
 }
 
 // The large-window TF32 forward runs rank 2: the depth dim must be trivial.
@@ -673,35 +670,60 @@ struct SplitPlan {
 // tile's MMA work on one SM: waves(s) * (k tiles per split + per-CTA overhead) + partial-sum traffic and the
 // reduction launch, for s in [1, min(kMaxSplits, k_tiles)]; the partial sums (s * out_elems f32) stay within
 // kMaxSplitWorkspace.
-SplitPlan PlanSplits(int64_t k_tiles, int64_t tiles_mn, int64_t out_elems) {
+// work: one k tile's MMA work relative to the 128-row tiles' (64-row tiles: 0.5); cost: the estimate, if wanted.
+SplitPlan PlanSplits(int64_t k_tiles, int64_t tiles_mn, int64_t out_elems, double work = 1.0,
+                     double* cost = nullptr) {
   constexpr double kCtaOverhead = 4.0;      // prologue fill + epilogue, in k tiles
   constexpr double kPerPartialElem = 1e-5;  // write + read one f32 partial, in k tiles (spread over the GPU)
   constexpr double kReduceLaunch = 10.0;    // the extra kernel
   SplitPlan best;
   best.k_tiles_per_split = k_tiles;
-  double best_cost = double(CeilDiv(tiles_mn, kPlanSms)) * (double(k_tiles) + kCtaOverhead);
+  double best_cost = double(CeilDiv(tiles_mn, kPlanSms)) * (double(k_tiles) + kCtaOverhead) * work;
   const int64_t max_s = std::min<int64_t>(kMaxSplits, k_tiles);
   for (int64_t s = 2; s <= max_s; ++s) {
     const int64_t per = CeilDiv(k_tiles, s);
     const int64_t splits = CeilDiv(k_tiles, per);
     if (splits != s) continue;  // the same plan as a smaller s
     if (splits * out_elems * int64_t(sizeof(float)) > kMaxSplitWorkspace) break;
-    const double cost = double(CeilDiv(tiles_mn * splits, kPlanSms)) * (double(per) + kCtaOverhead) +
-                        double(splits) * double(out_elems) * kPerPartialElem + kReduceLaunch;
-    if (cost < best_cost) {
-      best_cost = cost;
+    const double c = double(CeilDiv(tiles_mn * splits, kPlanSms)) * (double(per) + kCtaOverhead) * work +
+                     double(splits) * double(out_elems) * kPerPartialElem + kReduceLaunch;
+    if (c < best_cost) {
+      best_cost = c;
       best.splits = splits;
       best.k_tiles_per_split = per;
     }
   }
+  if (cost != nullptr) *cost = best_cost;
   return best;
 }
 
-SplitPlan WgradPlan(const IgemmProblem& pr) {
+// The wgrad plan's reduction: N*Z*P*Q pixels in kWgTileK blocks.
+[[maybe_unused]] int64_t WgradKTiles(const IgemmProblem& pr) {
+  return CeilDiv(pr.n * pr.out[0] * pr.out[1] * pr.out[2], kWgTileK);
+}
+
+// wgrad's tile (M = K rows, N = C columns of one tap). k <= 64: 64x64. c % 128 == 0: 128-wide N tiles; a 64-wide
+// one's wgmma (m64n64k16, both operands from shared memory) reads 4 KB per 32 tensor-core cycles, all the 128 B/clk
+// an SM's shared memory delivers, 128 wide reads 6 KB per 64 cycles. Of those, 64x128 (kTallTileM rows) when its
+// split plan is estimated faster than 128x128's: half the MMA work per tile, twice the tiles (ResNet-50 res5 3x3
+// at batch 32: 144 128x128 tiles take two waves of 132 SMs, 288 64x128 ones three half-length waves). Else 128x64.
+[[maybe_unused]] WgTile WgTileOf(const IgemmProblem& pr) {
+  if (pr.k <= kWgNarrowTileM) return {kWgNarrowTileM, kWgTileN};
+  if (pr.c % kWgWideTileN != 0) return {kWgTileM, kWgTileN};
+  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2], cols = CeilDiv(pr.c, kWgWideTileN) * taps;
+  const int64_t k_tiles = WgradKTiles(pr), out_elems = pr.k * taps * pr.c;
+  double wide = 0, tall = 0;
+  PlanSplits(k_tiles, CeilDiv(pr.k, kWgTileM) * cols, out_elems, 1.0, &wide);
+  PlanSplits(k_tiles, CeilDiv(pr.k, kTallTileM) * cols, out_elems, 0.5, &tall);
+  return tall < wide ? WgTile{kTallTileM, kWgWideTileN} : WgTile{kWgTileM, kWgWideTileN};
+}
+
+[[maybe_unused]] SplitPlan WgradPlan(const IgemmProblem& pr) {
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  const int64_t gemm_k = pr.n * pr.out[0] * pr.out[1] * pr.out[2];
-  const int64_t tiles_mn = CeilDiv(pr.k, WgTileM(pr.k)) * CeilDiv(pr.c, WgTileN(pr)) * taps;
-  return PlanSplits(CeilDiv(gemm_k, kWgTileK), tiles_mn, pr.k * taps * pr.c);
+  const WgTile t = WgTileOf(pr);
+  const int64_t tiles_mn = CeilDiv(pr.k, t.m) * CeilDiv(pr.c, t.n) * taps;
+  const bool tall = t.m == kTallTileM && t.n == kWgWideTileN;  // the 64x64 tiles keep the unit weight
+  return PlanSplits(WgradKTiles(pr), tiles_mn, pr.k * taps * pr.c, tall ? 0.5 : 1.0);
 }
 
 [[maybe_unused]] size_t WgradWorkspace(const IgemmProblem& pr) {
@@ -1010,7 +1032,8 @@ cudaError_t RunWgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t st
   dim3 grid = Base::get_grid_shape(params.base);
   // Self-check against the plan's tile counts (the split ranges assume them).
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  if (int64_t(grid.x) != CeilDiv(pr.k, WgTileM(pr.k)) || int64_t(grid.y) != CeilDiv(pr.c, WgTileN(pr)) * taps ||
+  const WgTile tile = WgTileOf(pr);
+  if (int64_t(grid.x) != CeilDiv(pr.k, tile.m) || int64_t(grid.y) != CeilDiv(pr.c, tile.n) * taps ||
       grid.z != 1) {
     return cudaErrorNotSupported;
   }
@@ -1025,11 +1048,15 @@ cudaError_t RunWgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t st
   return cudaGetLastError();
 }
 
-// Calls f(WgradCfg<T, tile M, tile N>{}) with the problem's wgrad tile (WgTileM, WgTileN).
+// Calls f(WgradCfg<T, tile M, tile N>{}) with the problem's wgrad tile (WgTileOf).
 template <class T, class F>
 auto WithWgradCfg(const IgemmProblem& pr, F&& f) {
-  if (WgTileM(pr.k) == kWgNarrowTileM) return f(WgradCfg<T, kWgNarrowTileM>{});
-  if (WgTileN(pr) == kWgWideTileN) return f(WgradCfg<T, kWgTileM, kWgWideTileN>{});
+  const WgTile t = WgTileOf(pr);
+  if (t.n == kWgWideTileN) {
+    if (t.m == kTallTileM) return f(WgradCfg<T, kTallTileM, kWgWideTileN>{});
+    return f(WgradCfg<T, kWgTileM, kWgWideTileN>{});
+  }
+  if (t.m == kWgNarrowTileM) return f(WgradCfg<T, kWgNarrowTileM>{});
   return f(WgradCfg<T>{});
 }
 
