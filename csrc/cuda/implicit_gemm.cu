@@ -83,21 +83,25 @@ size_t KernelWorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math, i
 
 // out[b*obs + j*ors + i] = in[b*ibs + i*irs + j] for i < rows, j < cols, b < batch: a batch of 2-D transposes
 // through a padded shared tile (coalesced reads and writes), with a dtype conversion.
-constexpr int kTile = 32;
+constexpr int kTile = 32, kTileRows = 8;  // blocks of kTile x kTileRows threads
 template <class TI, class TO>
-__global__ void __launch_bounds__(kTile * 8) BatchedTransposeKernel(const TI* __restrict__ in, TO* __restrict__ out,
-                                                                     int64_t rows, int64_t cols, int64_t batch,
-                                                                     int64_t ibs, int64_t irs, int64_t obs,
-                                                                     int64_t ors) {
+__global__ void __launch_bounds__(kTile * kTileRows)
+    BatchedTransposeKernel(const TI* __restrict__ in, TO* __restrict__ out, int64_t rows, int64_t cols, int64_t batch,
+                           int64_t ibs, int64_t irs, int64_t obs, int64_t ors) {
   __shared__ float tile[kTile][kTile + 1];
   const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kTile, j0 = static_cast<int64_t>(blockIdx.x) * kTile;
   for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
-    for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
-      const int64_t i = i0 + r, j = j0 + threadIdx.x;
-      if (i < rows && j < cols) tile[r][threadIdx.x] = ToAcc(in[b * ibs + i * irs + j]);
+    // All loads before the shared stores (as BatchedTranspose16x4Kernel): one DRAM latency per tile, not per row.
+    float v[kTile / kTileRows];
+#pragma unroll
+    for (int u = 0; u < kTile / kTileRows; ++u) {
+      const int64_t i = i0 + threadIdx.y + u * kTileRows, j = j0 + threadIdx.x;
+      v[u] = i < rows && j < cols ? ToAcc(in[b * ibs + i * irs + j]) : 0.f;
     }
+#pragma unroll
+    for (int u = 0; u < kTile / kTileRows; ++u) tile[threadIdx.y + u * kTileRows][threadIdx.x] = v[u];
     __syncthreads();
-    for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
       const int64_t j = j0 + r, i = i0 + threadIdx.x;
       if (i < rows && j < cols) out[b * obs + j * ors + i] = FromAcc<TO>(tile[threadIdx.x][r]);
     }
@@ -221,8 +225,8 @@ cudaError_t BatchedTranspose(const void* in, void* out, int64_t rows, int64_t co
   }
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                   static_cast<unsigned>(batch < 65535 ? batch : 65535));
-  BatchedTransposeKernel<TI, TO><<<grid, dim3(kTile, 8), 0, s>>>(static_cast<const TI*>(in), static_cast<TO*>(out),
-                                                                rows, cols, batch, ibs, irs, obs, ors);
+  BatchedTransposeKernel<TI, TO><<<grid, dim3(kTile, kTileRows), 0, s>>>(
+      static_cast<const TI*>(in), static_cast<TO*>(out), rows, cols, batch, ibs, irs, obs, ors);
   return cudaGetLastError();
 }
 
