@@ -53,6 +53,9 @@ CASES = [
     ("igemm wide wgrad c128", 2, (2, 9, 11, 128), (3, 3), 136, 1, (1, 1), (1, 1), "SAME", "implicit_gemm"),
     ("igemm 1x1 split wgrad", 2, (4, 28, 28, 64), (1, 1), 128, 1, (1, 1), (1, 1), "VALID", "implicit_gemm"),
     ("igemm 3d", 3, (1, 4, 9, 10, 8), (3, 3, 3), 16, 1, (1, 1, 1), (1, 1, 1), "SAME", "implicit_gemm"),
+    # TF32 first layer: the unrolled window's GEMMs in TF32 (the case above runs float32 HIGHEST)
+    ("igemm tf32 first layer c3", 2, (2, 23, 21, 3), (7, 7), 64, 1, (2, 2), (1, 1), ((3, 3), (3, 3)),
+     "implicit_gemm", "default"),
     # TF32: the unit-stride data gradient as the Hopper forward with the flipped filter
     ("igemm tf32 flipped dgrad", 2, (2, 11, 13, 64), (3, 3), 72, 1, (1, 1), (2, 1), ((2, 0), (1, 1)),
      "implicit_gemm", "default"),
