@@ -84,9 +84,9 @@ using cutlass::conv::Operator;
 constexpr int kFwdTileM = 128, kFwdTileN = 128;  // fprop/dgrad: M = output pixels, N = output channels
 // fprop (bf16, f16, tf32) and 16-bit dgrad whose GEMM N (fprop k, dgrad c) is at most 64 use 128x64 tiles: a
 // 128-wide tile would spend half its MMAs on zero columns (ResNet's 64-channel layers). So do problems with few
-// tiles (NarrowN).
+// tiles in TF32 (FwdTileOf).
 constexpr int kNarrowTileN = 64;
-// 16-bit fprop/dgrad with GEMM N over 64 on small grids: 64x128 tiles rather than 128x64 (TallM). About as many
+// 16-bit fprop/dgrad with GEMM N over 64 on small grids: 64x128 tiles rather than 128x64 (FwdTileOf). About as many
 // tiles, but one warpgroup's m64n128k16 reads 6 KB of shared memory per 64 tensor-core cycles, where the two
 // m64n64k16 of a 128x64 tile read 8 KB, all that an SM's shared memory delivers in that time.
 constexpr int kTallTileM = 64;
