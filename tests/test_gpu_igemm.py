@@ -40,9 +40,9 @@ CASES = {
     "wgrad_wide_c128_k136": ((2, 9, 11, 128), (3, 3), "SAME", (1, 1), (1, 1), 136),
     "wgrad_wide_c256_s2": ((2, 13, 12, 256), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 128),
     "wgrad_wide_c384_k264": ((1, 7, 7, 384), (3, 3), "SAME", (1, 1), (1, 1), 264),
-    # k <= 64: the Hopper kernels' 128x64 tiles (bf16/f16; tf32 fwd), here with a partial N tile (40 of 64); so are the
-    # small cases above (fewer 128x128 tiles than an H100 has SMs). At least 132 128x128 tiles: fwd (wide_fwd)
-    # and dgrad (wide_dgrad, c = 136) on the 128-wide tiles.
+    # k <= 64: the Hopper kernels' 128x64 tiles (bf16/f16; tf32 fwd), here with a partial N tile (40 of 64). The small
+    # cases above with N over 64 (fewer 128x128 tiles than an H100 has SMs) take 64x128 tiles in bf16/f16, 128x64 in
+    # tf32. At least 132 128x128 tiles: fwd (wide_fwd) and dgrad (wide_dgrad, c = 136) on the 128-wide tiles.
     "narrow_k40_c72": ((2, 15, 13, 72), (3, 3), "SAME", (1, 1), (1, 1), 40),
     "wide_fwd": ((6, 40, 40, 64), (3, 3), "SAME", (1, 1), (1, 1), 256),
     "wide_dgrad": ((1, 96, 96, 136), (3, 3), "SAME", (1, 1), (1, 1), 64),

@@ -144,7 +144,7 @@ size_t WgradPartialBytes(const Dims& g, int64_t tile_k) {
 
 // Whether the op's GEMM N (fwd and wgrad k, dgrad c) takes the kNarrowTileN-wide tiles: N at most 64, or (fwd,
 // dgrad) fewer 128x128 tiles than an H100 has SMs, where half-width tiles put twice as many SMs to work (as the
-// conv kernels' NarrowN in igemm_sm90.cu). kPlanSms, not the device's count: Supports must not query the device.
+// conv kernels' FwdTileOf in igemm_sm90.cu). kPlanSms, not the device's count: Supports must not query the device.
 bool NarrowN(const Dims& g, CudaOp op) {
   const int64_t n = op == CudaOp::kDgrad ? g.c : g.k;
   if (n <= kNarrowTileN) return true;

@@ -697,9 +697,14 @@ SplitPlan PlanSplits(int64_t k_tiles, int64_t tiles_mn, int64_t out_elems, doubl
   return best;
 }
 
-// The wgrad plan's reduction: N*Z*P*Q pixels in kWgTileK blocks.
-[[maybe_unused]] int64_t WgradKTiles(const IgemmProblem& pr) {
-  return CeilDiv(pr.n * pr.out[0] * pr.out[1] * pr.out[2], kWgTileK);
+// The wgrad split plan with tile t (and its estimated cost, if wanted). The reduction is N*Z*P*Q pixels in kWgTileK
+// blocks; 64x128 tiles weigh half a 128-row tile's MMA work per k tile (the 64x64 ones, older, keep weight 1).
+[[maybe_unused]] SplitPlan WgradPlanFor(const IgemmProblem& pr, const WgTile& t, double* cost = nullptr) {
+  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
+  const int64_t k_tiles = CeilDiv(pr.n * pr.out[0] * pr.out[1] * pr.out[2], kWgTileK);
+  const int64_t tiles_mn = CeilDiv(pr.k, t.m) * CeilDiv(pr.c, t.n) * taps;
+  const double work = t.m == kTallTileM && t.n == kWgWideTileN ? 0.5 : 1.0;
+  return PlanSplits(k_tiles, tiles_mn, pr.k * taps * pr.c, work, cost);
 }
 
 // wgrad's tile (M = K rows, N = C columns of one tap). k <= 64: 64x64. c % 128 == 0: 128-wide N tiles; a 64-wide
@@ -710,21 +715,14 @@ SplitPlan PlanSplits(int64_t k_tiles, int64_t tiles_mn, int64_t out_elems, doubl
 [[maybe_unused]] WgTile WgTileOf(const IgemmProblem& pr) {
   if (pr.k <= kWgNarrowTileM) return {kWgNarrowTileM, kWgTileN};
   if (pr.c % kWgWideTileN != 0) return {kWgTileM, kWgTileN};
-  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2], cols = CeilDiv(pr.c, kWgWideTileN) * taps;
-  const int64_t k_tiles = WgradKTiles(pr), out_elems = pr.k * taps * pr.c;
-  double wide = 0, tall = 0;
-  PlanSplits(k_tiles, CeilDiv(pr.k, kWgTileM) * cols, out_elems, 1.0, &wide);
-  PlanSplits(k_tiles, CeilDiv(pr.k, kTallTileM) * cols, out_elems, 0.5, &tall);
-  return tall < wide ? WgTile{kTallTileM, kWgWideTileN} : WgTile{kWgTileM, kWgWideTileN};
+  const WgTile wide{kWgTileM, kWgWideTileN}, tall{kTallTileM, kWgWideTileN};
+  double wide_cost = 0, tall_cost = 0;
+  WgradPlanFor(pr, wide, &wide_cost);
+  WgradPlanFor(pr, tall, &tall_cost);
+  return tall_cost < wide_cost ? tall : wide;
 }
 
-[[maybe_unused]] SplitPlan WgradPlan(const IgemmProblem& pr) {
-  const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  const WgTile t = WgTileOf(pr);
-  const int64_t tiles_mn = CeilDiv(pr.k, t.m) * CeilDiv(pr.c, t.n) * taps;
-  const bool tall = t.m == kTallTileM && t.n == kWgWideTileN;  // the 64x64 tiles keep the unit weight
-  return PlanSplits(WgradKTiles(pr), tiles_mn, pr.k * taps * pr.c, tall ? 0.5 : 1.0);
-}
+[[maybe_unused]] SplitPlan WgradPlan(const IgemmProblem& pr) { return WgradPlanFor(pr, WgTileOf(pr)); }
 
 [[maybe_unused]] size_t WgradWorkspace(const IgemmProblem& pr) {
   const SplitPlan plan = WgradPlan(pr);
