@@ -59,6 +59,9 @@ CASES = [
     # TF32: the unit-stride data gradient as the Hopper forward with the flipped filter
     ("igemm tf32 flipped dgrad", 2, (2, 11, 13, 64), (3, 3), 72, 1, (1, 1), (2, 1), ((2, 0), (1, 1)),
      "implicit_gemm", "default"),
+    # The strided data gradient as one Hopper forward per phase scattered into dx (bf16 and TF32), odd sizes
+    ("igemm phased dgrad", 2, (2, 15, 13, 64), (3, 3), 72, 1, (2, 2), (1, 1), ((1, 1), (1, 1)), "implicit_gemm",
+     "default"),
     # TF32 1x1 GEMMs (fwd: the filter transposed to K-major first; wgrad: dy transposed in shared memory, split M)
     ("igemm tf32 1x1 gemm", 2, (3, 29, 31, 36), (1, 1), 136, 1, (1, 1), (1, 1), "VALID", "implicit_gemm", "default"),
     # The Hopper TF32 forward (and the flipped TF32 dgrad) split over the reduction into f32 slices, reduced with

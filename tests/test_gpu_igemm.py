@@ -4,8 +4,9 @@ igemm_sm80.cu / igemm_sm90.cu: fwd, data and filter gradients against a float64 
 data, at channel counts on, over and under the kernels' tiles (8 .. 264), input channels off the alignment
 (67 and 1x1 windows: zero-padded; 1, 2, 3, 7 with a window: the unrolled-window route), odd and prime spatial
 sizes,
-asymmetric padding, strides 1 and 2 (the Hopper kernels have no strided data gradient: those go to mma.sync),
-dilation, 1-D, 2-D and 3-D, every path's dtype (bf16, f16, f32 as TF32 at DEFAULT, 3xTF32 at HIGHEST).
+asymmetric padding, strides 1 and 2 (strided data gradients with c >= 64 run on the Hopper as one forward per
+phase; the others on mma.sync), dilation, 1-D, 2-D and 3-D, every path's dtype (bf16, f16, f32 as TF32 at DEFAULT,
+3xTF32 at HIGHEST).
 
 Tolerances (relative L2 vs float64): bf16/f16 1e-2 (the result is rounded to 8/11 bits); TF32 3e-3 (inputs
 rounded to 10-bit mantissas: ~5e-4 expected); 3xTF32 2e-5 (about FP32: the small parts' lost bits are below
@@ -51,6 +52,15 @@ CASES = {
     # c >= 64, k * taps >= 576; also res_3x3, wide_dgrad, k264_c136): dilation, asymmetric and zero pads, 3-D
     "flipped_dgrad_dil_asym": ((2, 17, 19, 64), (3, 3), ((2, 0), (1, 1)), (2, 1), (1, 1), 72),
     "flipped_dgrad_3d": ((1, 4, 9, 10, 64), (3, 3, 3), ((0, 2), (1, 1), (2, 0)), (1, 1, 1), (1, 1, 1), 24),
+    # strided data gradients with c >= 64 and no dilation on the Hopper: the forward of dy with each phase's taps
+    # flipped, written to every s-th row of dx (implicit_gemm.cu, TryPhasedDgrad; also wgrad_wide_c256_s2 above).
+    # ResNet's 3x3/2 on even sizes; odd sizes (phases of unequal rows); a 5x3 window, asymmetric pads, stride (2, 1)
+    # (phase pads 1 and 2); 3-D stride 2 (8 phases); 147 tiles a phase (128x128 tiles; the others take 128x64).
+    "phased_dgrad_res3": ((2, 16, 16, 128), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 128),
+    "phased_dgrad_odd": ((3, 15, 13, 64), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 72),
+    "phased_dgrad_5x3_asym": ((2, 17, 12, 64), (5, 3), ((2, 1), (1, 1)), (1, 1), (2, 1), 96),
+    "phased_dgrad_3d": ((1, 6, 9, 10, 64), (3, 3, 3), ((1, 1), (1, 1), (1, 1)), (1, 1, 1), (2, 2, 2), 64),
+    "phased_dgrad_wide": ((6, 112, 112, 128), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 128),
     "conv1d": ((2, 101, 32), (5,), ((2, 2),), (1,), (1,), 24),
     "conv3d": ((1, 5, 9, 10, 16), (3, 3, 3), "SAME", (1, 1, 1), (1, 1, 1), 16),
     # input channels off the 16-byte alignment, windows of one tap and c67: zero-padded to it in the workspace

@@ -80,6 +80,23 @@ bool IgemmSm90LargeWindowSupports(const IgemmProblem& pr);
 size_t IgemmSm90LargeWindowWorkspaceBytes(const IgemmProblem& pr);
 cudaError_t IgemmSm90LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& args, cudaStream_t stream);
 
+// Hopper forwards written through strided views of one larger tensor, in one launch (igemm_sm90.cu; the phases of a
+// strided data gradient, implicit_gemm.cu). Phase i computes the forward pr (operands a = x, b = w as above) and
+// writes its y[n, z, p, q, :] to out + n * out_stride[0] + z * out_stride[1] + p * out_stride[2] + q * out_stride[3]
+// (elements, the k channels contiguous; out and every stride a multiple of two elements); other elements are left
+// untouched. All phases have the same k; at most kMaxScatterPhases; the earlier phases' tiles are scheduled first.
+// Operands bf16, f16, or f32 as TF32; y in the operand type; no bias or activation; no workspace. Contract as above.
+inline constexpr int kMaxScatterPhases = 8;
+struct IgemmScatterPhase {
+  IgemmProblem pr;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* out = nullptr;
+};
+bool IgemmSm90ScatterFwdSupports(const IgemmProblem* prs, int count, IgemmMath math);
+cudaError_t IgemmSm90ScatterFwdRun(const IgemmScatterPhase* phases, int count, IgemmMath math,
+                                   const int64_t out_stride[4], cudaStream_t stream);
+
 bool IgemmSm80Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math);
 size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math);
 cudaError_t IgemmSm80Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,

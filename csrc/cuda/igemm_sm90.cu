@@ -8,6 +8,9 @@
 //                            operand type, fused y = act(acc + bias[k])
 //   dgrad  bf16, f16         tile 128x128x64 (as fprop, with c), out = operand type, unit stride only (the sm90
 //                            collective has no strided dgrad), no bias/act
+//   scatter fprop bf16, f16, tf32 (part 4): tile 128x128x64 or 128x64 (x32 for tf32), y written through strided
+//                            views by the consumer warpgroups' registers (ScatterStore): the phases of strided data
+//                            gradients (implicit_gemm.cu), one launch each
 //   wgrad  bf16, f16         tile 128x64x64 (k <= 64: 64x64x64; c % 128 == 0: 128x128x64, or 64x128x64 when the
 //                            split plan estimates it faster, WgTileOf; M = K, N = C of one filter tap, K = N*Z*P*Q),
 //                            f32 out, deterministic split-K over N*Z*P*Q: partial sums in the workspace, reduced
@@ -57,14 +60,15 @@
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/device_kernel.h"
+#include "cutlass/fast_math.h"
 #include "cuda/cutlass_act.cuh"
 #else
 #define JAXCONV_SM90_KERNELS 0
 #endif
 
 // One op's kernels per part: CMake compiles this file once for each JAXCONV_SM90_PART (1 fprop, 2 dgrad and the
-// large-window forward, 3 wgrad and the entry points), so the three sets of CUTLASS instantiations build in
-// parallel; 0 (no define): all of them in one translation unit.
+// large-window forward, 3 wgrad and the entry points, 4 the scatter forward), so the sets of CUTLASS instantiations
+// build in parallel; 0 (no define): all of them in one translation unit.
 // Helpers that some parts do not call are [[maybe_unused]].
 #ifndef JAXCONV_SM90_PART
 #define JAXCONV_SM90_PART 0
@@ -365,7 +369,59 @@ struct SplitKKernel {
 // every tile in walk order; each consumer skips the other's k tiles in the shared pipeline.
 // Split (SplitCfg kernels, whose register epilogue writes f32 slices): the walk is over units u = s * tiles + t,
 // tile t's k tiles [s * k_tiles_per_split, + k_tiles_per_split) into slice s (the epilogue's L index).
-template <class Base, bool Split = false>
+// The scatter epilogue's destination (IgemmSm90ScatterFwdRun): GEMM row m, the output pixel (n, z, p, q) of m =
+// ((n * Z + z) * P + p) * Q + q, goes to ptr + n * stride[0] + z * stride[1] + p * stride[2] + q * stride[3] (elements),
+// its `cols` channels contiguous.
+struct ScatterOut {
+  void* ptr = nullptr;
+  int64_t stride[4] = {};
+  cutlass::FastDivmod q, p, z;
+  int rows = 0, cols = 0;
+};
+
+// Stores one warpgroup's 128 x TileN f32 accumulator tile (rows from m0, columns from n0) through `o`, rounded to T,
+// two adjacent columns per store. wgmma's accumulator fragment is ((2, 2, N/8), MMA_M, MMA_N): values (0, v1, v2) and
+// (1, v1, v2) are adjacent columns of one row, v1 steps 8 rows, v2 8 columns; each thread decodes its 2 * MMA_M rows
+// once. cols is even, so a pair is in range when its first column is.
+template <class T, class TileShape, class Accum, class ThrMma>
+CUTLASS_DEVICE void ScatterStore(const ScatterOut& o, const Accum& acc, const ThrMma& thr_mma, int m0, int n0) {
+  using namespace cute;
+  using Values = decltype(shape<0>(typename Accum::layout_type{}));
+  static_assert(rank_v<Values> == 3 && decltype(size<0>(Values{}))::value == 2 &&
+                    decltype(size<1>(Values{}))::value == 2,
+                "the wgmma accumulator layout");
+  const auto tCcD = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));  // (m, n) in the tile
+  T* const base = static_cast<T*>(o.ptr);
+  CUTLASS_PRAGMA_UNROLL
+  for (int mi = 0; mi < size<1>(acc); ++mi) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int v1 = 0; v1 < 2; ++v1) {
+      const int m = m0 + int(get<0>(tCcD(make_coord(make_coord(0, v1, 0), mi, 0))));
+      if (m >= o.rows) continue;
+      int r = 0, q = 0, p = 0, z = 0, n = 0;
+      o.q(r, q, m);
+      o.p(r, p, r);
+      o.z(n, z, r);
+      T* const row = base + n * o.stride[0] + z * o.stride[1] + p * o.stride[2] + q * o.stride[3];
+      CUTLASS_PRAGMA_UNROLL
+      for (int ni = 0; ni < size<2>(acc); ++ni) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int v2 = 0; v2 < size<0, 2>(acc); ++v2) {
+          const auto lo = make_coord(make_coord(0, v1, v2), mi, ni), hi = make_coord(make_coord(1, v1, v2), mi, ni);
+          const int col = n0 + int(get<1>(tCcD(lo)));
+          if (col >= o.cols) continue;
+          cutlass::AlignedArray<T, 2> v;
+          v[0] = T(acc(lo));
+          v[1] = T(acc(hi));
+          *reinterpret_cast<cutlass::AlignedArray<T, 2>*>(row + col) = v;
+        }
+      }
+    }
+  }
+}
+
+// ScatterT: void, or the element type of the scatter epilogue (ScatterStore replaces the collective epilogue).
+template <class Base, bool Split = false, class ScatterT = void>
 struct PingpongConvKernel {
   using ProblemShape = typename Base::ProblemShape;
   using CollectiveMainloop = typename Base::CollectiveMainloop;
@@ -399,11 +455,19 @@ struct PingpongConvKernel {
     typename Base::Params base;
     int tiles_m, tiles_n;  // tile t -> (m = t / tiles_n, n = t % tiles_n): blocks running together share A rows
     int splits = 1, k_tiles_per_split = 0;  // Split only (the host plan leaves no split empty)
+    ScatterOut scatter;                     // Scatter only
   };
+  static constexpr bool Scatter = !cute::is_void_v<ScatterT>;
+  static_assert(!(Split && Scatter), "the scatter epilogue writes whole reductions");
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace cute;
+    if constexpr (Scatter) {
+      // The phases of one data gradient write disjoint rows and read only what was complete before the first phase
+      // started: the next phase (launched as a programmatic dependent) may take SMs as this one's blocks finish.
+      asm volatile("griddepcontrol.launch_dependents;");
+    }
     SharedStorage& shared_storage = *reinterpret_cast<SharedStorage*>(smem_buf);
     const int thread_idx = int(threadIdx.x);
     const int lane_idx = cutlass::canonical_lane_idx();
@@ -548,18 +612,30 @@ struct PingpongConvKernel {
         collective_mainloop.mma_tail(mainloop_pipeline, mainloop_pipe_consumer_state, kc);
         mainloop_pipe_consumer_state.advance(kc);
         math_order.wait();  // epilogues in turn: they share the epilogue's shared memory
-        auto [epi_load_next, epi_store_next] = collective_epilogue.store(
-            epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline, epi_store_pipe_producer_state,
-            epi_shape, blk_shape, epi_coord(u), accumulators, tiled_mma, warp_group_thread_idx,
-            shared_storage.tensors.epilogue);
-        // This warpgroup's TMA stores must finish before the other warpgroup's epilogue reuses the buffers.
-        auto [epi_load_done, epi_store_done] =
-            collective_epilogue.store_tail(epi_load_pipeline, epi_load_next, epi_store_pipeline, epi_store_next);
-        epi_load_pipe_consumer_state = epi_load_done;
-        epi_store_pipe_producer_state = epi_store_done;
+        if constexpr (Scatter) {  // registers to global memory: no shared memory, no pipeline
+          ScatterStore<ScatterT, TileShape>(params.scatter, accumulators,
+                                            tiled_mma.get_thread_slice(warp_group_thread_idx),
+                                            (u / params.tiles_n) * int(size<0>(blk_shape)),
+                                            (u % params.tiles_n) * int(size<1>(blk_shape)));
+        } else {
+          auto [epi_load_next, epi_store_next] = collective_epilogue.store(
+              epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline, epi_store_pipe_producer_state,
+              epi_shape, blk_shape, epi_coord(u), accumulators, tiled_mma, warp_group_thread_idx,
+              shared_storage.tensors.epilogue);
+          // This warpgroup's TMA stores must finish before the other warpgroup's epilogue reuses the buffers.
+          auto [epi_load_done, epi_store_done] =
+              collective_epilogue.store_tail(epi_load_pipeline, epi_load_next, epi_store_pipeline, epi_store_next);
+          epi_load_pipe_consumer_state = epi_load_done;
+          epi_store_pipe_producer_state = epi_store_done;
+        }
         math_order.arrive();
       }
       cutlass::arch::launch_dependent_grids();
+    }
+    if constexpr (Scatter) {
+      // Complete only after the previous phase has (a no-op unless launched as a programmatic dependent): work after
+      // the last phase in the stream then sees every phase done.
+      asm volatile("griddepcontrol.wait;" ::: "memory");
     }
 #endif
   }
@@ -884,8 +960,9 @@ bool CanImplement(const IgemmProblem& pr) {
   return Cfg::Kernel::can_implement(args);
 }
 
+// pdl: launched as a programmatic dependent of the previous kernel in the stream (it may start before that one ends).
 template <class K>
-cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream_t stream) {
+cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream_t stream, bool pdl = false) {
   constexpr int smem = K::SharedStorageSize;
   static_assert(smem <= 227 * 1024, "more shared memory than an sm_90 block can have");
   auto* fn = &cutlass::device_kernel<K>;
@@ -901,6 +978,19 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
       if (e != cudaSuccess) return e;
       done.fetch_or(bit, std::memory_order_relaxed);
     }
+  }
+  if (pdl) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(K::MaxThreadsPerBlock, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, fn, params);
   }
   fn<<<grid, K::MaxThreadsPerBlock, smem, stream>>>(params);
   return cudaGetLastError();
@@ -1008,6 +1098,67 @@ cudaError_t RunFwdOrDgrad(const IgemmProblem& pr, const IgemmArgs& a, IgemmMath 
   }
 }
 
+// The forwards through strided views (IgemmSm90ScatterFwdRun): Cfg's kernel type (SplitCfg: the fprop mainloop and a
+// register epilogue, which the scatter kernel replaces with ScatterStore), unsplit, persistent, ping-pong; one launch
+// per phase, the later ones overlapping the earlier ones' tails. One launch for all phases was tried: its per-unit
+// phase lookup spilled registers in the 40-register producer warp and slowed every ping-pong kernel by up to a
+// quarter (H200, runs 106-107).
+template <class Cfg>
+cudaError_t RunScatterFwd(const IgemmScatterPhase* phases, int count, const int64_t out_stride[4],
+                          cudaStream_t stream) {
+  static_assert(Cfg::kOp == Operator::kFprop && Cfg::kSplit && Cfg::kRank == 3, "SplitCfg of a rank-3 forward");
+  using Base = typename Cfg::Kernel;
+  using T = typename Cfg::Element;
+  using K = PingpongConvKernel<Base, /*Split=*/false, T>;
+  if (count < 1 || count > kMaxScatterPhases) return cudaErrorNotSupported;
+  for (int i = 0; i < 4; ++i) {  // pairs of T per store: out and every stride even (in elements); k is (ExtentChecks)
+    if (out_stride[i] < 0 || out_stride[i] % 2 != 0) return cudaErrorInvalidValue;
+  }
+  constexpr int64_t tile_m = cute::size<0>(typename Cfg::TileShape{}), tile_n = cute::size<1>(typename Cfg::TileShape{});
+  typename K::Params params[kMaxScatterPhases];
+  for (int ph = 0; ph < count; ++ph) {  // every phase's checks before the first launch
+    const IgemmScatterPhase& f = phases[ph];
+    const IgemmProblem& pr = f.pr;
+    if (!Aligned16(f.a) || !Aligned16(f.b) || f.out == nullptr ||
+        reinterpret_cast<uintptr_t>(f.out) % (2 * sizeof(T)) != 0) {
+      return cudaErrorInvalidValue;
+    }
+    IgemmArgs a;
+    a.a = f.a;
+    a.b = f.b;
+    const auto args = MakeArguments<Cfg>(pr, a, nullptr);
+    if (!ShapeMatches(args.problem_shape, pr) || !Base::can_implement(args)) return cudaErrorNotSupported;
+    params[ph].base = Base::to_underlying_arguments(args, nullptr);
+    const dim3 tiles = Base::get_grid_shape(params[ph].base);  // (m tiles, n tiles, 1)
+    const int64_t rows = pr.n * pr.out[0] * pr.out[1] * pr.out[2];
+    // ScatterStore's rows are tile index * tile_m: the grid must be the plain tiling of (rows, k).
+    if (int64_t(tiles.x) != CeilDiv(rows, tile_m) || int64_t(tiles.y) != CeilDiv(pr.k, tile_n) || tiles.z != 1 ||
+        int64_t(tiles.x) * tiles.y > INT32_MAX) {
+      return cudaErrorNotSupported;
+    }
+    params[ph].tiles_m = int(tiles.x);
+    params[ph].tiles_n = int(tiles.y);
+    ScatterOut& o = params[ph].scatter;
+    o.ptr = f.out;
+    for (int i = 0; i < 4; ++i) o.stride[i] = out_stride[i];
+    o.q = cutlass::FastDivmod(int(pr.out[2]));
+    o.p = cutlass::FastDivmod(int(pr.out[1]));
+    o.z = cutlass::FastDivmod(int(pr.out[0]));
+    o.rows = int(rows);  // < 2^31 (ExtentChecks)
+    o.cols = int(pr.k);
+  }
+  // Phases after the first launch as programmatic dependents: their blocks take the SMs that the previous phase's
+  // tail frees (the kernel's griddepcontrol comments say why that is safe).
+  for (int ph = 0; ph < count; ++ph) {
+    const int64_t blocks = std::min<int64_t>(int64_t(params[ph].tiles_m) * params[ph].tiles_n, MultiprocessorCount());
+    if (const cudaError_t e = LaunchKernel<K>(params[ph], dim3(unsigned(blocks), 1, 1), stream, /*pdl=*/ph > 0);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+}
+
 template <class Cfg>
 cudaError_t RunWgrad(const IgemmProblem& pr, const IgemmArgs& a, cudaStream_t stream) {
   using Base = typename Cfg::Kernel;
@@ -1087,6 +1238,22 @@ auto WithLargeWindowCfg(const IgemmProblem& pr, F&& f) {
   return f(SplitCfg<FpropCfg<float, kFwdTileN, 2>>{});
 }
 
+// Calls f(SplitCfg<FpropTiles<T, tile N, 128>>{}) for the scatter forward's phases (one tile shape for all): 128x128
+// tiles when GEMM N (k) is over 64 and the phases together have at least an H100's SMs of them, else 128x64 (as
+// FwdTileOf, but with no 64-row instantiation).
+template <class T, class F>
+auto WithScatterCfg(const IgemmProblem* prs, int count, F&& f) {
+  int64_t tiles = 0;
+  for (int i = 0; i < count; ++i) {
+    const IgemmProblem& pr = prs[i];
+    tiles += CeilDiv(pr.n * pr.out[0] * pr.out[1] * pr.out[2], kFwdTileM) * CeilDiv(pr.k, kFwdTileN);
+  }
+  if (count > 0 && prs[0].k > kNarrowTileN && tiles >= kPlanSms) {
+    return f(SplitCfg<FpropTiles<T, kFwdTileN, kFwdTileM>>{});
+  }
+  return f(SplitCfg<FpropTiles<T, kNarrowTileN, kFwdTileM>>{});
+}
+
 }  // namespace
 
 // Each part's ops (JAXCONV_SM90_PART, at the top).
@@ -1099,6 +1266,9 @@ bool WgradSupports(const IgemmProblem& pr, IgemmMath math);
 cudaError_t WgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream);
 bool LargeWindowSupports(const IgemmProblem& pr);
 cudaError_t LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& args, cudaStream_t stream);
+bool ScatterFwdSupports(const IgemmProblem* prs, int count, IgemmMath math);
+cudaError_t ScatterFwdRun(const IgemmScatterPhase* phases, int count, IgemmMath math, const int64_t out_stride[4],
+                          cudaStream_t stream);
 
 #if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 1
 bool FwdSupports(const IgemmProblem& pr, IgemmMath math) {
@@ -1146,6 +1316,30 @@ cudaError_t LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& args, cudaSt
   return WithLargeWindowCfg(pr, [&](auto cfg) {
     return RunSplitFwd<decltype(cfg)>(pr, args, LargeWindowPlan(pr), /*batch_inner=*/true, stream);
   });
+}
+#endif
+
+#if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 4
+bool ScatterFwdSupports(const IgemmProblem* prs, int count, IgemmMath math) {
+  auto can = [&](auto cfg) {
+    for (int i = 0; i < count; ++i) {
+      if (!CanImplement<decltype(cfg)>(prs[i])) return false;
+    }
+    return true;
+  };
+  if (math == IgemmMath::kBF16) return WithScatterCfg<cutlass::bfloat16_t>(prs, count, can);
+  if (math == IgemmMath::kF16) return WithScatterCfg<cutlass::half_t>(prs, count, can);
+  return WithScatterCfg<float>(prs, count, can);
+}
+
+cudaError_t ScatterFwdRun(const IgemmScatterPhase* phases, int count, IgemmMath math, const int64_t out_stride[4],
+                          cudaStream_t stream) {
+  IgemmProblem prs[kMaxScatterPhases];
+  for (int i = 0; i < count; ++i) prs[i] = phases[i].pr;
+  auto run = [&](auto cfg) { return RunScatterFwd<decltype(cfg)>(phases, count, out_stride, stream); };
+  if (math == IgemmMath::kBF16) return WithScatterCfg<cutlass::bfloat16_t>(prs, count, run);
+  if (math == IgemmMath::kF16) return WithScatterCfg<cutlass::half_t>(prs, count, run);
+  return WithScatterCfg<float>(prs, count, run);
 }
 #endif
 
@@ -1226,6 +1420,41 @@ cudaError_t IgemmSm90LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& arg
 #else
   (void)pr;
   (void)args;
+  (void)stream;
+  return cudaErrorNotSupported;
+#endif
+}
+
+bool IgemmSm90ScatterFwdSupports(const IgemmProblem* prs, int count, IgemmMath math) {
+#if JAXCONV_SM90_KERNELS
+  if (count < 1 || count > kMaxScatterPhases || prs[0].k % 2 != 0) return false;
+  for (int i = 0; i < count; ++i) {
+    if (!BasicChecks(prs[i], CudaOp::kFwd, math) || prs[i].k != prs[0].k) return false;
+  }
+  return sm90::ScatterFwdSupports(prs, count, math);
+#else
+  (void)prs;
+  (void)count;
+  (void)math;
+  return false;
+#endif
+}
+
+cudaError_t IgemmSm90ScatterFwdRun(const IgemmScatterPhase* phases, int count, IgemmMath math,
+                                   const int64_t out_stride[4], cudaStream_t stream) {
+#if JAXCONV_SM90_KERNELS
+  if (count < 1 || count > kMaxScatterPhases) return cudaErrorNotSupported;
+  for (int i = 0; i < count; ++i) {
+    if (!BasicChecks(phases[i].pr, CudaOp::kFwd, math) || phases[i].pr.k != phases[0].pr.k) {
+      return cudaErrorNotSupported;
+    }
+  }
+  return sm90::ScatterFwdRun(phases, count, math, out_stride, stream);
+#else
+  (void)phases;
+  (void)count;
+  (void)math;
+  (void)out_stride;
   (void)stream;
   return cudaErrorNotSupported;
 #endif

@@ -8,8 +8,8 @@
 // Kernel choice per call: first layers (few input channels, a window) as 1x1 problems on their unrolled window
 // (im2col_gemm.cu); 1x1 convolutions as plain GEMMs (gemm1x1_sm90.cu, no staging) on an sm_90 GPU when they
 // take the problem; else the Hopper kernels (igemm_sm90.cu) on an sm_90 GPU when they take it (the TF32 data
-// gradient with unit strides as the forward with a flipped filter), else the mma.sync kernels (igemm_sm80.cu),
-// else the direct kernels (also for empty problems).
+// gradient with unit strides as the forward with a flipped filter; strided data gradients as one forward per phase,
+// scattered into dx), else the mma.sync kernels (igemm_sm80.cu), else the direct kernels (also for empty problems).
 #include <algorithm>
 #include <atomic>
 #include <type_traits>
@@ -362,34 +362,80 @@ cudaError_t TryGemm1x1(const ConvParams& p, CudaOp op, DT in, DT out, int64_t al
 // with the flipped filter, output channel c and input channel k: dx[i] = sum_f dy[i - P' + f d] * w'[f] with
 // w'[c][f][k] = w[F-1-f][c][k] (already the forward's KTRSC layout) and pads P' = (win - 1) d - pads.
 
-// out[(c * F + f) * K + k] = w[((F - 1 - f) * C + c) * K + k]: each block copies (c, f) rows of K floats, 16 bytes
-// at a time (K % 4 == 0). Element-wise with 64-bit divisions it took 12.6 µs for ResNet-50 res5's 3x3x512x512
-// filter on the H200.
-__global__ void FlippedFilterKernel(const float4* __restrict__ w, float4* __restrict__ out, int64_t taps, int64_t c,
-                                    int64_t k4) {
-  for (int64_t row = blockIdx.x; row < taps * c; row += gridDim.x) {
-    const int64_t f = row % taps, cc = row / taps;
-    const float4* src = w + ((taps - 1 - f) * c + cc) * k4;
-    for (int64_t j = threadIdx.x; j < k4; j += blockDim.x) out[row * k4 + j] = src[j];
+// The sub-filters of data gradients run as forwards (this one and the strided phases below): per phase, the taps
+// first + (count - 1 - j) * step (j < count) of each dim, flipped, as the forward's KTRSC filter with output channels
+// C and input channels K: out[off + ((c * count0 + t) * count1 + r) * count2 + s][:] = w[(t', r', s')][c][:], t' =
+// first0 + (count0 - 1 - t) * step0 and so on. Phase blockIdx.y; one thread per 16-byte unit of a row (row16 units:
+// K * element size % 16 == 0), 32-bit index arithmetic (taps * c * row16 < 2^31, checked by the caller). The
+// unit-stride TF32 data gradient is one phase with step 1.
+struct PhaseFilters {
+  int first[kMaxScatterPhases][3], count[kMaxScatterPhases][3];
+  int64_t offset[kMaxScatterPhases];  // the phase's first row
+  int win[3], step[3];
+};
+
+__global__ void PhaseFilterKernel(const uint4* __restrict__ w, uint4* __restrict__ out, PhaseFilters f, int c,
+                                  int row16) {
+  const int ph = blockIdx.y;
+  const int* first = f.first[ph];
+  const int* count = f.count[ph];
+  const int taps = count[0] * count[1] * count[2], units = taps * c * row16;
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < units; e += gridDim.x * blockDim.x) {
+    const int row = e / row16, j = e - row * row16;
+    const int s = row % count[2], r = row / count[2] % count[1], t = row / (count[1] * count[2]) % count[0];
+    const int cc = row / taps;
+    const int ts = first[0] + (count[0] - 1 - t) * f.step[0], rs = first[1] + (count[1] - 1 - r) * f.step[1],
+              ss = first[2] + (count[2] - 1 - s) * f.step[2];
+    const int64_t src = ((int64_t(ts) * f.win[1] + rs) * f.win[2] + ss) * c + cc;
+    out[(f.offset[ph] + row) * row16 + j] = w[src * row16 + j];
   }
 }
 
-// The forward problem of the data gradient: dy (out spatial, k channels) -> dx (in spatial, c channels).
-IgemmProblem FlippedDgradProblem(const ConvParams& p) {
+// Phases 0..phases-1 of f; cudaErrorNotSupported (nothing launched) when the 32-bit indices could overflow.
+cudaError_t LaunchPhaseFilters(const ConvParams& p, const PhaseFilters& f, int phases, int64_t row_bytes,
+                               const void* w, void* out, cudaStream_t s) {
+  const int64_t units = SpatialCount(p.win) * p.c[0] * (row_bytes / 16);  // all phases: each tap is in one
+  if (units > INT32_MAX || row_bytes % 16 != 0) return cudaErrorNotSupported;
+  const dim3 grid(GridX(std::min<int64_t>(CeilDiv(CeilDiv(units, phases), 256), kPlanSms * 8)), unsigned(phases));
+  PhaseFilterKernel<<<grid, 256, 0, s>>>(static_cast<const uint4*>(w), static_cast<uint4*>(out), f, int(p.c[0]),
+                                         int(row_bytes / 16));
+  return cudaGetLastError();
+}
+
+// The forward of a data gradient, dy (N, Z, P, Q, K) -> dx's rows of one phase per dim, C channels: `taps` taps of
+// dilation `dil` (the phase's sub-filter, flipped), pads lo and hi, `out` rows.
+struct PhaseDim {
+  int64_t first = 0, taps = 0, lo = 0, hi = 0, out = 0, dil = 1;  // first: the phase's first tap (PhaseFilters)
+};
+
+IgemmProblem PhaseProblem(const ConvParams& p, const PhaseDim ph[3]) {
   IgemmProblem pr;
   pr.n = p.n[0];
   pr.c = p.k[0];
   pr.k = p.c[0];
   for (int d = 0; d < 3; ++d) {
     pr.in[d] = p.out[d];
-    pr.win[d] = p.win[d];
-    pr.out[d] = p.in[d];
-    pr.pad_lo[d] = (p.win[d] - 1) * p.rhs_dil[d] - p.pad_lo[d];
-    pr.pad_hi[d] = (p.win[d] - 1) * p.rhs_dil[d] - p.pad_hi[d];
+    pr.win[d] = ph[d].taps;
+    pr.out[d] = ph[d].out;
+    pr.pad_lo[d] = ph[d].lo;
+    pr.pad_hi[d] = ph[d].hi;
     pr.stride[d] = 1;
-    pr.dil[d] = p.rhs_dil[d];
+    pr.dil[d] = ph[d].dil;
   }
   return pr;
+}
+
+// Unit strides: one phase, every tap flipped, pads (win - 1) dil - pads.
+IgemmProblem FlippedDgradProblem(const ConvParams& p) {
+  PhaseDim ph[3];
+  for (int d = 0; d < 3; ++d) {
+    ph[d].taps = p.win[d];
+    ph[d].out = p.in[d];
+    ph[d].lo = (p.win[d] - 1) * p.rhs_dil[d] - p.pad_lo[d];
+    ph[d].hi = (p.win[d] - 1) * p.rhs_dil[d] - p.pad_hi[d];
+    ph[d].dil = p.rhs_dil[d];
+  }
+  return PhaseProblem(p, ph);
 }
 
 // ---- the float32 DEFAULT (TF32) filter gradient of 1-D and 2-D problems, as a Hopper forward with swapped roles ----
@@ -508,16 +554,18 @@ cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DT in, DT out, int64_t algo
   if (!IgemmSm90Supports(pr, CudaOp::kFwd, IgemmMath::kTF32) || !PreferSm90(pr, CudaOp::kFwd)) {
     return cudaErrorNotSupported;
   }
-  if (!Aligned16(w) || p.k[0] % 4 != 0) return cudaErrorNotSupported;  // FlippedFilterKernel's 16-byte rows
-  const int64_t taps = SpatialCount(p.win);
+  if (!Aligned16(w) || p.k[0] % 4 != 0) return cudaErrorNotSupported;  // PhaseFilterKernel's 16-byte rows
   const size_t fbytes = StagingOf(p, CudaOp::kDgrad, in).filter;  // the staged filter's slot (c % 4 == 0: unpadded)
   const size_t kernel_ws = IgemmSm90WorkspaceBytes(pr, CudaOp::kFwd, IgemmMath::kTF32);
   if (workspace == nullptr || workspace_bytes < fbytes + kernel_ws) {
     return cudaErrorNotSupported;
   }
-  FlippedFilterKernel<<<GridX(std::min<int64_t>(taps * p.c[0], kPlanSms * 16)), 128, 0, s>>>(
-      static_cast<const float4*>(w), static_cast<float4*>(workspace), taps, p.c[0], p.k[0] / 4);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  PhaseFilters f{};  // one phase: every tap, flipped
+  for (int d = 0; d < 3; ++d) {
+    f.count[0][d] = f.win[d] = static_cast<int>(p.win[d]);  // < 256 (the Hopper forward's window)
+    f.step[d] = 1;
+  }
+  if (const cudaError_t e = LaunchPhaseFilters(p, f, 1, p.k[0] * 4, w, workspace, s); e != cudaSuccess) return e;
   IgemmArgs args;
   args.a = dy;
   args.b = workspace;
@@ -526,6 +574,123 @@ cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DT in, DT out, int64_t algo
   args.workspace = static_cast<char*>(workspace) + fbytes;
   args.workspace_bytes = workspace_bytes - fbytes;
   return IgemmSm90Run(pr, CudaOp::kFwd, IgemmMath::kTF32, args, s);
+}
+
+// ---- strided data gradients (dilation 1) as Hopper forwards, one per phase ----
+// With stride s in a dim, dx's rows h = i s + a (phase a < s) receive only the taps r = a + pad_lo (mod s):
+//   dx[i s + a] = sum_{j < taps_a} dy[i + off - j] w[r0 + j s],  r0 = (a + pad_lo) mod s,  off = (a + pad_lo - r0) / s,
+// taps_a = ceil((R - r0) / s): the unit-stride forward of dy with those taps flipped (PhaseFilterKernel), pads
+// lo = taps_a - 1 - off and hi = out_a - P - lo + taps_a - 1 (out_a = ceil((H - a) / s) rows), written to every s-th
+// row of dx from row a (IgemmSm90ScatterFwdRun). No MMA is spent on the zeros of the dilated dy, as in the mma.sync
+// strided kernel, but on wgmma. Each tap is in exactly one phase: the sub-filters together fill the staged filter's
+// slot.
+
+// Phase a of dim d (pads >= 0); taps or out 0 when it has none.
+PhaseDim PhaseOf(const ConvParams& p, int d, int64_t a) {
+  const int64_t s = p.stride[d], r0 = (a + p.pad_lo[d]) % s;
+  PhaseDim ph;
+  ph.first = r0;
+  ph.taps = p.win[d] > r0 ? CeilDiv(p.win[d] - r0, s) : 0;
+  ph.out = p.in[d] > a ? CeilDiv(p.in[d] - a, s) : 0;
+  ph.lo = ph.taps - 1 - (a + p.pad_lo[d] - r0) / s;
+  ph.hi = ph.out - p.out[d] - ph.lo + ph.taps - 1;
+  return ph;
+}
+
+
+// The phases of a strided data gradient, most taps first (the scatter kernel schedules earlier phases' tiles first);
+// the count, or 0 when some stride is not > 1 in any dim, there are more than kMaxScatterPhases, a dilation is not 1,
+// or a phase has no taps, no rows or a negative pad. start: dx's first row of the phase per dim.
+struct Phases {
+  int count = 0;
+  PhaseDim dim[kMaxScatterPhases][3];
+  int64_t start[kMaxScatterPhases][3];
+  IgemmProblem pr[kMaxScatterPhases];
+};
+
+Phases PhasesOf(const ConvParams& p) {
+  Phases r;
+  int64_t n = 1;
+  for (int d = 0; d < 3; ++d) {
+    if (p.rhs_dil[d] != 1 || p.pad_lo[d] < 0 || p.pad_hi[d] < 0 || p.stride[d] < 1) return r;
+    n *= p.stride[d];
+  }
+  if (n < 2 || n > kMaxScatterPhases) return r;
+  int64_t taps[kMaxScatterPhases];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t a[3] = {i / (p.stride[1] * p.stride[2]), i / p.stride[2] % p.stride[1], i % p.stride[2]};
+    taps[i] = 1;
+    for (int d = 0; d < 3; ++d) {
+      r.start[i][d] = a[d];
+      r.dim[i][d] = PhaseOf(p, d, a[d]);
+      const PhaseDim& ph = r.dim[i][d];
+      if (ph.taps < 1 || ph.out < 1 || ph.lo < 0 || ph.hi < 0) return r;
+      taps[i] *= ph.taps;
+    }
+  }
+  // Insertion sort by taps, descending (stable).
+  for (int64_t i = 1; i < n; ++i) {
+    for (int64_t j = i; j > 0 && taps[j] > taps[j - 1]; --j) {
+      std::swap(taps[j], taps[j - 1]);
+      std::swap(r.dim[j], r.dim[j - 1]);
+      std::swap(r.start[j], r.start[j - 1]);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) r.pr[i] = PhaseProblem(p, r.dim[i]);
+  r.count = static_cast<int>(n);
+  return r;
+}
+
+// Pure host code: whether the data gradient runs as phases (PhasesOf's, which the Hopper scatter forward takes;
+// c >= 64 as PreferSm90's dgrad).
+bool PhasedDgradApplies(const ConvParams& p, DT in, int64_t algo) {
+  if (algo != kAlgoImplicitGemm || (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16)) return false;
+  const IgemmMath math = MathFor(p, in);
+  if (math == IgemmMath::k3xTF32) return false;
+  const int64_t align = in == DT::kF32 ? 4 : 8;  // 16-byte rows of dy, the sub-filters and dx
+  if (p.c[0] % align != 0 || p.k[0] % align != 0 || !PreferSm90(ToProblem(p, in), CudaOp::kDgrad)) return false;
+  const Phases ph = PhasesOf(p);
+  return ph.count > 0 && IgemmSm90ScatterFwdSupports(ph.pr, ph.count, math);
+}
+
+// cudaErrorNotSupported: not taken, the caller runs the dgrad kernels (the sub-filters may have been written to the
+// workspace by then; the caller's staging overwrites them).
+cudaError_t TryPhasedDgrad(const ConvParams& p, DT in, DT out, int64_t algo, const void* dy, const void* w, void* dx,
+                           void* workspace, size_t workspace_bytes, cudaStream_t s) {
+  if (out != in || DeviceArch() != 90 || !PhasedDgradApplies(p, in, algo)) return cudaErrorNotSupported;
+  const int64_t elem = static_cast<int64_t>(InBytes(in)), c = p.c[0], k = p.k[0];
+  const size_t fbytes = static_cast<size_t>(SpatialCount(p.win) * c * k * elem);
+  if (workspace == nullptr || workspace_bytes < fbytes || !Aligned16(w) || !Aligned16(dy) || !Aligned16(dx)) {
+    return cudaErrorNotSupported;
+  }
+  const Phases ph = PhasesOf(p);
+  PhaseFilters f{};
+  IgemmScatterPhase run[kMaxScatterPhases];
+  int64_t rows = 0;
+  for (int i = 0; i < ph.count; ++i) {
+    for (int d = 0; d < 3; ++d) {  // windows < 256 (the Hopper forward's)
+      f.first[i][d] = static_cast<int>(ph.dim[i][d].first);
+      f.count[i][d] = static_cast<int>(ph.dim[i][d].taps);
+    }
+    f.offset[i] = rows;
+    run[i].pr = ph.pr[i];
+    run[i].a = dy;
+    run[i].b = static_cast<const char*>(workspace) + rows * k * elem;
+    // dx (N, D, H, W, C): the phase's row (n, z, p, q) is dx's (n, z s0 + a0, p s1 + a1, q s2 + a2).
+    const int64_t* a = ph.start[i];
+    run[i].out = static_cast<char*>(dx) + ((a[0] * p.in[1] + a[1]) * p.in[2] + a[2]) * c * elem;
+    rows += ph.dim[i][0].taps * ph.dim[i][1].taps * ph.dim[i][2].taps * c;
+  }
+  for (int d = 0; d < 3; ++d) {
+    f.win[d] = static_cast<int>(p.win[d]);
+    f.step[d] = static_cast<int>(p.stride[d]);
+  }
+  if (const cudaError_t e = LaunchPhaseFilters(p, f, ph.count, k * elem, w, workspace, s); e != cudaSuccess) {
+    return e;
+  }
+  const int64_t hw = p.in[1] * p.in[2];
+  const int64_t out_stride[4] = {p.in[0] * hw * c, p.stride[0] * hw * c, p.stride[1] * p.in[2] * c, p.stride[2] * c};
+  return IgemmSm90ScatterFwdRun(run, ph.count, MathFor(p, in), out_stride, s);
 }
 
 }  // namespace
@@ -574,6 +739,10 @@ cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64
   }
   if (op == CudaOp::kDgrad) {
     if (const cudaError_t e = TryFlippedTf32Dgrad(p, in, out, algo, a, b, out_buf, workspace, workspace_bytes, s);
+        e != cudaErrorNotSupported) {
+      return e;
+    }
+    if (const cudaError_t e = TryPhasedDgrad(p, in, out, algo, a, b, out_buf, workspace, workspace_bytes, s);
         e != cudaErrorNotSupported) {
       return e;
     }
