@@ -84,7 +84,8 @@ cudaError_t IgemmSm90LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& arg
 // strided data gradient, implicit_gemm.cu). Phase i computes the forward pr (operands a = x, b = w as above) and
 // writes its y[n, z, p, q, :] to out + n * out_stride[0] + z * out_stride[1] + p * out_stride[2] + q * out_stride[3]
 // (elements, the k channels contiguous; out and every stride a multiple of two elements); other elements are left
-// untouched. All phases have the same k; at most kMaxScatterPhases; the earlier phases' tiles are scheduled first.
+// untouched. All phases have the same k; at most kMaxScatterPhases; one launch each, in order, the later ones as
+// programmatic dependents that may start while the previous one finishes.
 // Operands bf16, f16, or f32 as TF32; y in the operand type; no bias or activation; no workspace. Contract as above.
 inline constexpr int kMaxScatterPhases = 8;
 struct IgemmScatterPhase {

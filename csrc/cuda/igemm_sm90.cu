@@ -361,17 +361,9 @@ struct SplitKKernel {
   }
 };
 
-// Ping-pong fprop/dgrad (the schedule of CUTLASS's KernelTmaWarpSpecializedPingpong GEMM, which its sm90 conv
-// dispatch does not offer): two consumer warpgroups take alternate tiles of the block's walk (blockIdx.x +
-// (2i + w) * gridDim.x for warpgroup w), each a whole tile with the one-warpgroup TiledMma of the unchanged
-// collectives. An ordered barrier lets one warpgroup's MMAs run while the other's epilogue drains, so the tensor
-// cores stay busy through epilogues (what limits short reductions and 64-wide layers). The producer warp loads
-// every tile in walk order; each consumer skips the other's k tiles in the shared pipeline.
-// Split (SplitCfg kernels, whose register epilogue writes f32 slices): the walk is over units u = s * tiles + t,
-// tile t's k tiles [s * k_tiles_per_split, + k_tiles_per_split) into slice s (the epilogue's L index).
-// The scatter epilogue's destination (IgemmSm90ScatterFwdRun): GEMM row m, the output pixel (n, z, p, q) of m =
-// ((n * Z + z) * P + p) * Q + q, goes to ptr + n * stride[0] + z * stride[1] + p * stride[2] + q * stride[3] (elements),
-// its `cols` channels contiguous.
+// The scatter epilogue's destination (IgemmSm90ScatterFwdRun): GEMM row m, the output pixel (n, z, p, q) of
+// m = ((n * Z + z) * P + p) * Q + q, goes to ptr + n * stride[0] + z * stride[1] + p * stride[2] + q * stride[3]
+// (elements), its `cols` channels contiguous.
 struct ScatterOut {
   void* ptr = nullptr;
   int64_t stride[4] = {};
@@ -420,7 +412,16 @@ CUTLASS_DEVICE void ScatterStore(const ScatterOut& o, const Accum& acc, const Th
   }
 }
 
-// ScatterT: void, or the element type of the scatter epilogue (ScatterStore replaces the collective epilogue).
+// Ping-pong fprop/dgrad (the schedule of CUTLASS's KernelTmaWarpSpecializedPingpong GEMM, which its sm90 conv
+// dispatch does not offer): two consumer warpgroups take alternate tiles of the block's walk (blockIdx.x +
+// (2i + w) * gridDim.x for warpgroup w), each a whole tile with the one-warpgroup TiledMma of the unchanged
+// collectives. An ordered barrier lets one warpgroup's MMAs run while the other's epilogue drains, so the tensor
+// cores stay busy through epilogues (what limits short reductions and 64-wide layers). The producer warp loads
+// every tile in walk order; each consumer skips the other's k tiles in the shared pipeline.
+// Split (SplitCfg kernels, whose register epilogue writes f32 slices): the walk is over units u = s * tiles + t,
+// tile t's k tiles [s * k_tiles_per_split, + k_tiles_per_split) into slice s (the epilogue's L index).
+// ScatterT: void, or the element type of the scatter epilogue (ScatterStore replaces the collective epilogue: the
+// phases of strided data gradients, IgemmSm90ScatterFwdRun).
 template <class Base, bool Split = false, class ScatterT = void>
 struct PingpongConvKernel {
   using ProblemShape = typename Base::ProblemShape;
@@ -1114,7 +1115,8 @@ cudaError_t RunScatterFwd(const IgemmScatterPhase* phases, int count, const int6
   for (int i = 0; i < 4; ++i) {  // pairs of T per store: out and every stride even (in elements); k is (ExtentChecks)
     if (out_stride[i] < 0 || out_stride[i] % 2 != 0) return cudaErrorInvalidValue;
   }
-  constexpr int64_t tile_m = cute::size<0>(typename Cfg::TileShape{}), tile_n = cute::size<1>(typename Cfg::TileShape{});
+  constexpr int64_t tile_m = cute::size<0>(typename Cfg::TileShape{});
+  constexpr int64_t tile_n = cute::size<1>(typename Cfg::TileShape{});
   typename K::Params params[kMaxScatterPhases];
   for (int ph = 0; ph < count; ++ph) {  // every phase's checks before the first launch
     const IgemmScatterPhase& f = phases[ph];

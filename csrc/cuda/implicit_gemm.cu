@@ -597,10 +597,9 @@ PhaseDim PhaseOf(const ConvParams& p, int d, int64_t a) {
   return ph;
 }
 
-
-// The phases of a strided data gradient, most taps first (the scatter kernel schedules earlier phases' tiles first);
-// the count, or 0 when some stride is not > 1 in any dim, there are more than kMaxScatterPhases, a dilation is not 1,
-// or a phase has no taps, no rows or a negative pad. start: dx's first row of the phase per dim.
+// The phases of a strided data gradient, most taps first (each later launch fills the previous one's tail); count 0
+// when no stride is over 1, there are more than kMaxScatterPhases, a dilation is not 1, or a phase has no taps, no
+// rows or a negative pad. start: dx's first row of the phase per dim.
 struct Phases {
   int count = 0;
   PhaseDim dim[kMaxScatterPhases][3];
