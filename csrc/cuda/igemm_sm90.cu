@@ -1427,12 +1427,22 @@ cudaError_t IgemmSm90LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& arg
 #endif
 }
 
+#if JAXCONV_SM90_KERNELS
+// The scatter entry points' checks: 1..kMaxScatterPhases forwards of one k (even: ExtentChecks' alignment), each one
+// the rank-3 kernels take. pr(i): phase i's problem.
+template <class PrOf>
+bool ScatterChecks(int count, IgemmMath math, PrOf pr) {
+  if (count < 1 || count > kMaxScatterPhases) return false;
+  for (int i = 0; i < count; ++i) {
+    if (!BasicChecks(pr(i), CudaOp::kFwd, math) || pr(i).k != pr(0).k) return false;
+  }
+  return true;
+}
+#endif
+
 bool IgemmSm90ScatterFwdSupports(const IgemmProblem* prs, int count, IgemmMath math) {
 #if JAXCONV_SM90_KERNELS
-  if (count < 1 || count > kMaxScatterPhases || prs[0].k % 2 != 0) return false;
-  for (int i = 0; i < count; ++i) {
-    if (!BasicChecks(prs[i], CudaOp::kFwd, math) || prs[i].k != prs[0].k) return false;
-  }
+  if (!ScatterChecks(count, math, [&](int i) -> const IgemmProblem& { return prs[i]; })) return false;
   return sm90::ScatterFwdSupports(prs, count, math);
 #else
   (void)prs;
@@ -1445,11 +1455,8 @@ bool IgemmSm90ScatterFwdSupports(const IgemmProblem* prs, int count, IgemmMath m
 cudaError_t IgemmSm90ScatterFwdRun(const IgemmScatterPhase* phases, int count, IgemmMath math,
                                    const int64_t out_stride[4], cudaStream_t stream) {
 #if JAXCONV_SM90_KERNELS
-  if (count < 1 || count > kMaxScatterPhases) return cudaErrorNotSupported;
-  for (int i = 0; i < count; ++i) {
-    if (!BasicChecks(phases[i].pr, CudaOp::kFwd, math) || phases[i].pr.k != phases[0].pr.k) {
-      return cudaErrorNotSupported;
-    }
+  if (!ScatterChecks(count, math, [&](int i) -> const IgemmProblem& { return phases[i].pr; })) {
+    return cudaErrorNotSupported;
   }
   return sm90::ScatterFwdRun(phases, count, math, out_stride, stream);
 #else

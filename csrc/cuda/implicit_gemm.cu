@@ -640,29 +640,30 @@ Phases PhasesOf(const ConvParams& p) {
   return r;
 }
 
-// Pure host code: whether the data gradient runs as phases (PhasesOf's, which the Hopper scatter forward takes;
-// c >= 64 as PreferSm90's dgrad).
-bool PhasedDgradApplies(const ConvParams& p, DT in, int64_t algo) {
-  if (algo != kAlgoImplicitGemm || (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16)) return false;
+// Pure host code: the phases when the data gradient runs as them (PhasesOf's, which the Hopper scatter forward takes;
+// c >= 64 as PreferSm90's dgrad), else count 0.
+Phases PhasedDgradPlan(const ConvParams& p, DT in, int64_t algo) {
+  if (algo != kAlgoImplicitGemm || (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16)) return Phases{};
   const IgemmMath math = MathFor(p, in);
-  if (math == IgemmMath::k3xTF32) return false;
+  if (math == IgemmMath::k3xTF32) return Phases{};
   const int64_t align = in == DT::kF32 ? 4 : 8;  // 16-byte rows of dy, the sub-filters and dx
-  if (p.c[0] % align != 0 || p.k[0] % align != 0 || !PreferSm90(ToProblem(p, in), CudaOp::kDgrad)) return false;
+  if (p.c[0] % align != 0 || p.k[0] % align != 0 || !PreferSm90(ToProblem(p, in), CudaOp::kDgrad)) return Phases{};
   const Phases ph = PhasesOf(p);
-  return ph.count > 0 && IgemmSm90ScatterFwdSupports(ph.pr, ph.count, math);
+  return ph.count > 0 && IgemmSm90ScatterFwdSupports(ph.pr, ph.count, math) ? ph : Phases{};
 }
 
 // cudaErrorNotSupported: not taken, the caller runs the dgrad kernels (the sub-filters may have been written to the
 // workspace by then; the caller's staging overwrites them).
 cudaError_t TryPhasedDgrad(const ConvParams& p, DT in, DT out, int64_t algo, const void* dy, const void* w, void* dx,
                            void* workspace, size_t workspace_bytes, cudaStream_t s) {
-  if (out != in || DeviceArch() != 90 || !PhasedDgradApplies(p, in, algo)) return cudaErrorNotSupported;
+  if (out != in || DeviceArch() != 90) return cudaErrorNotSupported;
+  const Phases ph = PhasedDgradPlan(p, in, algo);
+  if (ph.count == 0) return cudaErrorNotSupported;
   const int64_t elem = static_cast<int64_t>(InBytes(in)), c = p.c[0], k = p.k[0];
   const size_t fbytes = static_cast<size_t>(SpatialCount(p.win) * c * k * elem);
   if (workspace == nullptr || workspace_bytes < fbytes || !Aligned16(w) || !Aligned16(dy) || !Aligned16(dx)) {
     return cudaErrorNotSupported;
   }
-  const Phases ph = PhasesOf(p);
   PhaseFilters f{};
   IgemmScatterPhase run[kMaxScatterPhases];
   int64_t rows = 0;
