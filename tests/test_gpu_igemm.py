@@ -67,17 +67,24 @@ CASES = {
     # (x, w; dx cropped back)
     "c67_k72": ((1, 9, 10, 67), (3, 3), ((1, 0), (1, 1)), (1, 1), (1, 1), 72),
     "1x1_c5_k16": ((2, 9, 7, 5), (1, 1), "VALID", (1, 1), (1, 1), 16),
-    # first layers (c * element size < 16 bytes, a window): 1x1 problems on the unrolled window (im2col_gemm.cu),
-    # dx gathered back (col2im); taps*c on and off the alignment, stride, dilation, asymmetric padding, 1-D/3-D
+    # first layers (c * element size < 16 bytes, a window): the unrolled window (im2col_gemm.cu): the forward in one
+    # fused kernel up to 160 taps * c, else 1x1 problems on the unrolled window, dx gathered back (col2im); taps*c
+    # on and off the alignment, stride, dilation, asymmetric padding, 1-D/3-D
     "c3_7x7_s2_first_layer": ((2, 37, 41, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
     "c1_k8": ((2, 17, 19, 1), (3, 3), "SAME", (1, 1), (1, 1), 8),
     "c2_5x3_dil_asym": ((2, 19, 23, 2), (5, 3), ((2, 1), (0, 3)), (2, 1), (1, 2), 16),
     "c7_3x3_k24": ((3, 11, 13, 7), (3, 3), "SAME", (1, 1), (1, 1), 24),
     "c1_conv1d_s2": ((3, 257, 1), (9,), ((4, 4),), (1,), (2,), 8),
     "c3_conv3d": ((2, 7, 9, 8, 3), (3, 3, 3), "SAME", (1, 1, 1), (2, 1, 1), 16),
-    # taps * c = 175 columns: two column tiles of the fused filter gradient (160 + 15); k = 72: two k blocks
+    # the fused forward (taps * c <= 160; the cases above too): k = 136 in three k blocks (the last 8 of 64 wide),
+    # asymmetric pads; 150 output columns in three 50-pixel tiles, k = 16
+    "c3_5x5_k136": ((3, 19, 23, 3), (5, 5), ((2, 1), (1, 2)), (1, 1), (1, 1), 136),
+    "c1_row150_k16": ((2, 9, 150, 1), (3, 3), "SAME", (1, 1), (1, 1), 16),
+    # taps * c = 175 columns: the chunked forward (over the fused forward's 160); two column tiles of the fused
+    # filter gradient (160 + 15); k = 72: two k blocks
     "c5_5x7_k72": ((2, 23, 29, 5), (5, 7), ((2, 2), (3, 3)), (1, 1), (1, 2), 72),
-    # a 3430-element patch per tile, more than the fused filter gradient prefetches (3072); 343 columns: 3 tiles
+    # a 3430-element patch per tile, more than the fused filter gradient prefetches (3072); 343 columns: 3 tiles (the
+    # chunked forward)
     "c7_7x7_wide_patch": ((1, 12, 100, 7), (7, 7), "SAME", (1, 1), (1, 1), 16),
     # 17 images of 6400 output pixels: more than one chunk of unrolled windows (32 MB each), a short last chunk
     "c3_chunks": ((17, 160, 160, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 16),

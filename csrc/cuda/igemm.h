@@ -38,6 +38,15 @@ struct IgemmProblem {
 // accumulation is f32 always. k3xTF32 splits each f32 operand into big + small TF32 parts and sums three
 // products (about FP32 accuracy): float32 at HIGH/HIGHEST precision.
 enum class IgemmMath { kBF16, kF16, kTF32, k3xTF32 };
+// A call's arithmetic: float32 follows lax on the GPU, DEFAULT may use TF32; HIGH and HIGHEST get the ~FP32-accurate
+// 3xTF32.
+inline IgemmMath MathFor(const ConvParams& p, DT in) {
+  switch (in) {
+    case DT::kBF16: return IgemmMath::kBF16;
+    case DT::kF16: return IgemmMath::kF16;
+    default: return p.precision[0] == kPrecisionDefault ? IgemmMath::kTF32 : IgemmMath::k3xTF32;
+  }
+}
 
 // Output element type: the operand type (bf16, f16 or f32), or f32 (kF32) for 16-bit operands.
 enum class IgemmOut { kSame, kF32 };

@@ -9,9 +9,9 @@
 //   wgrad  dw'   = cols(x)^T @ dy
 // w' is the (cr, K) filter matrix: the HWIO filter's (taps*c, K) rows, plus zero rows up to cr.
 // cols is built in chunks of whole images: the workspace stays bounded and a chunk is still in L2 when its GEMM
-// reads it. wgrad sums the chunks' f32 partial filters in chunk order (deterministic). wgrad with 16-bit operands
-// (sm_80+) instead runs one fused kernel that unrolls each tile of the window in shared memory and never writes
-// cols (FusedWgradKernel).
+// reads it. wgrad sums the chunks' f32 partial filters in chunk order (deterministic). On sm_80+, fwd with taps*c
+// <= 160 (FusedFwdKernel) and wgrad with 16-bit operands (FusedWgradKernel) instead run one fused kernel that
+// unrolls each tile of the window in shared memory and never writes cols.
 #include <algorithm>
 #include <climits>
 
@@ -210,6 +210,54 @@ constexpr int kFwBatch = 8;        // patch elements a thread has in flight at o
 constexpr int kNoRow = INT_MIN;
 __host__ __device__ constexpr int FwColsLd(int jt) { return jt + 8; }
 
+// The fused kernels' patch staging. Per patch row tr = (t, r) of the tile of output row `row` (n, z, p) from
+// pixel q0 on: the offset of x element (d, h, w_lo, 0) in its image, kNoRow outside it. Returns n and w_lo.
+struct TileOrigin {
+  int n, w_lo;
+};
+__device__ __forceinline__ TileOrigin FillRowTable(const Geometry& g, int row, int q0, int* __restrict__ rowtab) {
+  const int pp = row % g.out[1], zq = row / g.out[1];
+  const int z = zq % g.out[0], w_lo = q0 * g.stride[2] - g.pad_lo[2];
+  for (int tr = threadIdx.x; tr < g.win0 * g.win1; tr += kFwThreads) {
+    const int t = tr / g.win1, r = tr - t * g.win1;
+    const int d = z * g.stride[0] - g.pad_lo[0] + t * g.dil[0], h = pp * g.stride[1] - g.pad_lo[1] + r * g.dil[1];
+    const bool ok = static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
+                    static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]);
+    rowtab[tr] = ok ? ((d * g.in[1] + h) * g.in[2] + w_lo) * g.c : kNoRow;
+  }
+  return TileOrigin{zq / g.out[0], w_lo};
+}
+
+// Stages the tile's patch as StagePatch does (rows of wt * c elements, zeros outside the image), elements `begin`
+// on, each through cvt, from the row table (written before a barrier). A thread issues kFwBatch loads before their
+// stores: the loads are latency-bound (one round trip per element had the fused filter gradient as slow as the
+// chunked route).
+template <class E, class Cvt>
+__device__ __forceinline__ void LoadPatch(const Geometry& g, const E* __restrict__ x, TileOrigin o,
+                                          const int* __restrict__ rowtab, E* __restrict__ patch, Cvt cvt,
+                                          int begin = 0) {
+  const int span = g.wt * g.c, patch_elems = g.win0 * g.win1 * span;
+  const E* xn = x + static_cast<int64_t>(o.n) * g.in[0] * g.in[1] * g.in[2] * g.c;
+  const int e_lo = max(0, -o.w_lo * g.c), e_hi = min(span, (g.in[2] - o.w_lo) * g.c);
+  for (int i0 = begin + threadIdx.x; i0 < patch_elems; i0 += kFwBatch * kFwThreads) {
+    E val[kFwBatch];
+    int tr = i0 / span, e = i0 - tr * span;
+#pragma unroll
+    for (int u = 0; u < kFwBatch; ++u) {
+      val[u] = E{};
+      if (i0 + u * kFwThreads < patch_elems) {
+        const int ro = rowtab[tr];
+        if (ro != kNoRow && e >= e_lo && e < e_hi) val[u] = xn[ro + e];
+      }
+      for (e += kFwThreads; e >= span; e -= span) ++tr;
+    }
+#pragma unroll
+    for (int u = 0; u < kFwBatch; ++u) {
+      if (i0 + u * kFwThreads < patch_elems) patch[i0 + u * kFwThreads] = cvt(val[u]);
+    }
+  }
+}
+
 __device__ __forceinline__ void LdsmX4T(uint32_t (&r)[4], const uint16_t* p) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -247,7 +295,7 @@ __global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry
   uint16_t* dys = reinterpret_cast<uint16_t*>(smem4);  // [kFwPix][kFwDyLd]: dy rows of the tile, this k block
   uint16_t* colss = dys + kFwPix * kFwDyLd;            // [kFwPix][CLD]: the tile's cols, this j tile
   int* table = reinterpret_cast<int*>(colss + kFwPix * CLD);  // [JT]: column jl's patch offset, -1 past rows
-  const int rows_tr = g.win0 * g.win1, span = g.wt * g.c, patch_elems = rows_tr * span;
+  const int rows_tr = g.win0 * g.win1;
   int* rowtab = table + JT;                                        // [rows_tr, rounded up to 4]
   uint16_t* patch = reinterpret_cast<uint16_t*>(rowtab + (rows_tr + 3) / 4 * 4);
   const int tid = threadIdx.x, lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6;
@@ -265,22 +313,11 @@ __global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry
   const int segs = (g.out[2] + g.qt - 1) / g.qt, sc = g.stride[2] * g.c;
   for (int b = blockIdx.x; b < row_count * segs; b += gridDim.x) {
     const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
-    // Per patch row tr = (t, r): the offset of x element (d, h, w_lo, 0) in its image, kNoRow outside it. The
-    // previous tile's readers of rowtab passed the barrier after its staging.
-    const int pp = row % g.out[1], zq = row / g.out[1];
-    const int z = zq % g.out[0], n = zq / g.out[0];
-    const int w_lo = q0 * g.stride[2] - g.pad_lo[2];
-    for (int tr = tid; tr < rows_tr; tr += kFwThreads) {
-      const int t = tr / g.win1, r = tr - t * g.win1;
-      const int d = z * g.stride[0] - g.pad_lo[0] + t * g.dil[0], h = pp * g.stride[1] - g.pad_lo[1] + r * g.dil[1];
-      const bool ok = static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
-                      static_cast<unsigned>(h) < static_cast<unsigned>(g.in[1]);
-      rowtab[tr] = ok ? ((d * g.in[1] + h) * g.in[2] + w_lo) * g.c : kNoRow;
-    }
+    // The previous tile's readers of rowtab passed the barrier after its staging.
+    const TileOrigin o = FillRowTable(g, row, q0, rowtab);
     __syncthreads();  // rowtab written; the previous tile's MMAs are done with dys, colss and the patch
-    // All of a thread's global loads of the tile are issued before their shared-memory stores, in batches (the
-    // loads are latency-bound: one round trip per element had the kernel as slow as the chunked route): the dy
-    // words first, then the patch (as StagePatch: rows of wt * c elements, zeros outside [e_lo, e_hi)).
+    // All of a thread's global loads of the tile are issued before their shared-memory stores: the dy words
+    // first, then the patch.
     const uint16_t* dyr = dy + (static_cast<int64_t>(row) * g.out[2] + q0) * k_total + k0;
     uint4 dyw[kFwDyWords];
 #pragma unroll
@@ -289,25 +326,7 @@ __global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry
       dyw[u] = ml < qn && k0 + v < k_total ? *reinterpret_cast<const uint4*>(dyr + static_cast<int64_t>(ml) * k_total + v)
                                            : make_uint4(0, 0, 0, 0);
     }
-    const uint16_t* xn = x + static_cast<int64_t>(n) * g.in[0] * g.in[1] * g.in[2] * g.c;
-    const int e_lo = max(0, -w_lo * g.c), e_hi = min(span, (g.in[2] - w_lo) * g.c);
-    for (int i0 = tid; i0 < patch_elems; i0 += kFwBatch * kFwThreads) {
-      uint16_t val[kFwBatch];
-      int tr = i0 / span, e = i0 - tr * span;
-#pragma unroll
-      for (int u = 0; u < kFwBatch; ++u) {
-        val[u] = 0;
-        if (i0 + u * kFwThreads < patch_elems) {
-          const int ro = rowtab[tr];
-          if (ro != kNoRow && e >= e_lo && e < e_hi) val[u] = xn[ro + e];
-        }
-        for (e += kFwThreads; e >= span; e -= span) ++tr;
-      }
-#pragma unroll
-      for (int u = 0; u < kFwBatch; ++u) {
-        if (i0 + u * kFwThreads < patch_elems) patch[i0 + u * kFwThreads] = val[u];
-      }
-    }
+    LoadPatch(g, x, o, rowtab, patch, [](uint16_t v) { return v; });
 #pragma unroll
     for (int u = 0; u < kFwDyWords; ++u) {
       const int i = tid + u * kFwThreads;
@@ -359,6 +378,307 @@ __global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry
         const int j = j0 + wn * (JT / 2) + ni * 8 + (lane & 3) * 2 + (r & 1);
         if (k < k_total && j < g.rows) out[static_cast<int64_t>(j) * k_total + k] = acc[mi][ni][r];
       }
+    }
+  }
+}
+
+// ---- fwd: one fused kernel, the unrolled window never in memory ----
+// y[m, k] = act(sum_j cols[m, j] * w'[j, k] + bias[k]). Why: the chunked route wrote and re-read cols (49x the size
+// of x for a 7x7 stem) and ran ResNet's stem at 0.99x lax in bf16 and 0.68-0.74x in TF32 (DEVICE_RUNS 109-110). A
+// block keeps its kFfK-channel slice of w' (all rows, zero-padded to jp) in shared memory for the whole launch and
+// loops over pixel tiles (qt <= kFfPix pixels of one output row): it stores the tile's patch (loaded into registers
+// during the previous tile's MMAs: a tile's own loads, issued after its barrier, left the warps waiting on them),
+// unrolls its cols into shared memory (16-bit; see the kernel for f32), runs mma.sync with f32 accumulators and
+// applies the epilogue from the registers. Operands: bf16/f16 (m16n8k16); f32 as TF32 (m16n8k8), rounded once when staged; f32 as 3xTF32
+// (kSplit: each fragment split into big and small TF32 parts in registers, three products).
+constexpr int kFfPix = 64;        // pixels per tile (MMA M); 4 warps as 2 x 2, 32 pixels x 32 channels each
+constexpr int kFfK = 64;          // output channels per block (MMA N)
+constexpr int kFfMaxRows = 160;   // taps * c of the filter slice: a 7x7 stem's 147
+constexpr int kFfPre = 24;        // patch elements per thread prefetched in registers (a 7x7 stem's tile: 20)
+constexpr size_t kFfMaxPatch = size_t(48) << 10;
+__host__ __device__ constexpr int FfKStep(int elem) { return elem == 2 ? 16 : 8; }
+__host__ __device__ constexpr int FfRowsPadded(int rows, int elem) {
+  return (rows + FfKStep(elem) - 1) / FfKStep(elem) * FfKStep(elem);
+}
+// Row strides of cols and of the filter slice: odd multiples of 16 bytes, so the 8 rows one ldmatrix reads fall
+// in distinct banks. 16-bit: the slice is j-major, [jp][kFfK + 8] (B read transposed); f32: k-major, [kFfK][jp + 4]
+// (ldmatrix moves 32-bit elements only untransposed).
+__host__ __device__ constexpr int FfColsLd(int jp, int elem) { return jp + (elem == 2 ? 8 : 4); }
+__host__ __device__ constexpr int FfSliceElems(int jp, int elem) {
+  return elem == 2 ? jp * (kFfK + 8) : kFfK * (jp + 4);
+}
+// A patch buffer: the patch, then zeros that the columns past rows read (table[j] = patch_elems) for every pixel row.
+__host__ __device__ constexpr int FfPatchElems(int patch_elems, int sc) { return patch_elems + (kFfPix - 1) * sc + 1; }
+
+__device__ __forceinline__ void LdsmX4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ uint32_t Tf32Bits(float v) {
+  uint32_t r = __float_as_uint(v);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+template <class T>
+__device__ __forceinline__ void StorePair(T* dst, float v0, float v1) {
+  if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
+  } else {
+    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
+  }
+}
+
+// The first kFfPre * kFwThreads elements of a tile's patch, each thread's share in registers (element tid + u *
+// kFwThreads in pre[u]); LoadPatch's element order and zeros. Issued without waiting on them.
+template <class T>
+__device__ __forceinline__ void PrefetchPatch(const Geometry& g, const T* __restrict__ x, TileOrigin o,
+                                              const int* __restrict__ rowtab, T (&pre)[kFfPre]) {
+  const int span = g.wt * g.c, patch_elems = g.win0 * g.win1 * span;
+  const T* xn = x + static_cast<int64_t>(o.n) * g.in[0] * g.in[1] * g.in[2] * g.c;
+  const int e_lo = max(0, -o.w_lo * g.c), e_hi = min(span, (g.in[2] - o.w_lo) * g.c);
+  int tr = threadIdx.x / span, e = threadIdx.x - tr * span;
+#pragma unroll
+  for (int u = 0; u < kFfPre; ++u) {
+    pre[u] = T{};
+    if (threadIdx.x + u * kFwThreads < patch_elems) {
+      const int ro = rowtab[tr];
+      if (ro != kNoRow && e >= e_lo && e < e_hi) pre[u] = xn[ro + e];
+    }
+    for (e += kFwThreads; e >= span; e -= span) ++tr;
+  }
+}
+
+// T: __nv_bfloat16, __half or float (y in T). w: the HWIO filter as a (rows, k_total) matrix; bias: k_total elements
+// or null; tiles: row_count output rows of segs = ceil(out[2] / qt) tiles each; blockIdx.y: the k block.
+// f32 operands skip cols: the MMAs load their A fragments from the patch itself (the unroll had been half the
+// kernel's instructions, and cols' shared memory halved its occupancy: DEVICE_RUNS 113), so the patch is double
+// buffered. Either way columns past rows read a zero tail behind the patch (FfPatchElems) and rows past qn are
+// never stored.
+template <class T, bool kSplit>
+__global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, const T* __restrict__ x,
+                                                             const T* __restrict__ w, const T* __restrict__ bias,
+                                                             int k_total, int row_count, int act, T* __restrict__ y) {
+  constexpr int kE = sizeof(T);
+  constexpr bool kTf32 = std::is_same_v<T, float> && !kSplit;  // operands rounded to TF32 once, when staged
+  extern __shared__ int4 smem4[];
+  const int jp = FfRowsPadded(g.rows, kE), cld = FfColsLd(jp, kE), rows_tr = g.win0 * g.win1;
+  const int rt4 = (rows_tr + 3) / 4 * 4, patch_elems = rows_tr * g.wt * g.c, sc = g.stride[2] * g.c;
+  const int pbuf = FfPatchElems(patch_elems, sc);
+  T* ws = reinterpret_cast<T*>(smem4);                   // the filter slice w'[j, k0 + n] (FfSliceElems), zero-padded
+  T* colss = ws + FfSliceElems(jp, kE);                  // 16-bit: [kFfPix][cld], the tile's cols
+  int* table = reinterpret_cast<int*>(colss + (kE == 2 ? kFfPix * cld : 0));  // [jp]: column j's patch offset
+  int* rowtabs = table + jp;                             // [2][rt4]: the row tables of this tile and the next
+  T* patches = reinterpret_cast<T*>(rowtabs + 2 * rt4);  // f32: [2][pbuf], 16-bit: [pbuf]
+  const int tid = threadIdx.x, lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6;
+  const int k0 = blockIdx.y * kFfK;
+  const auto cvt = [](T v) {
+    if constexpr (kTf32) return __uint_as_float(Tf32Bits(v));
+    else return v;
+  };
+  for (int i = tid; i < jp * kFfK; i += kFwThreads) {
+    const int j = i / kFfK, n = i - j * kFfK;
+    const T v = j < g.rows && k0 + n < k_total ? cvt(w[static_cast<int64_t>(j) * k_total + k0 + n]) : T{};
+    ws[kE == 2 ? j * (kFfK + 8) + n : n * (jp + 4) + j] = v;
+  }
+  for (int j = tid; j < jp; j += kFwThreads) table[j] = j < g.rows ? PatchOffset(g, j) : patch_elems;
+  for (int i = patch_elems + tid; i < pbuf; i += kFwThreads) {
+    patches[i] = T{};
+    if constexpr (kE == 4) patches[pbuf + i] = T{};
+  }
+  // This thread's output channels and their bias, the same on every tile.
+  float bias_v[4][2];
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni) {
+    const int n = k0 + wn * 32 + ni * 8 + (lane & 3) * 2;  // k_total is even: n < k_total implies n + 1 < it
+    bias_v[ni][0] = bias != nullptr && n < k_total ? ToAcc(bias[n]) : 0.f;
+    bias_v[ni][1] = bias != nullptr && n < k_total ? ToAcc(bias[n + 1]) : 0.f;
+  }
+  const int segs = (g.out[2] + g.qt - 1) / g.qt, tiles = row_count * segs;
+  const auto origin = [&](int b, int* rowtab) {
+    const int row = b / segs;
+    return FillRowTable(g, row, (b - row * segs) * g.qt, rowtab);
+  };
+  T pre[kFfPre];
+  int b = blockIdx.x, parity = 0;
+  TileOrigin cur{};
+  if (b < tiles) {
+    cur = origin(b, rowtabs);
+    __syncthreads();
+    PrefetchPatch(g, x, cur, rowtabs, pre);
+  }
+  for (; b < tiles; b += gridDim.x, parity ^= 1) {
+    const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
+    const int* rowtab = rowtabs + parity * rt4;
+    int* next_rowtab = rowtabs + (parity ^ 1) * rt4;
+    T* patch = patches + (kE == 4 ? parity * pbuf : 0);
+    // The next tile's row table: the other buffer, last read by this tile's prefetch (before the previous barrier).
+    const bool has_next = b + static_cast<int>(gridDim.x) < tiles;
+    TileOrigin next{};
+    if (has_next) next = origin(b + gridDim.x, next_rowtab);
+    // This patch buffer was last read before the previous barrier (16-bit: the previous tile's second one).
+#pragma unroll
+    for (int u = 0; u < kFfPre; ++u) {
+      if (tid + u * kFwThreads < patch_elems) patch[tid + u * kFwThreads] = cvt(pre[u]);
+    }
+    if (patch_elems > kFfPre * kFwThreads) LoadPatch(g, x, cur, rowtab, patch, cvt, kFfPre * kFwThreads);  // the rest
+    __syncthreads();  // the patch (on the first tile also ws, table and the zero tails) and the next row table written
+    if constexpr (kE == 2) {
+      // cols[ml, j] = patch[table[j] + ml * stride * c]; work items of 8 pixels and a column pair (one word),
+      // stepped through without divisions.
+      const uint16_t* pb = reinterpret_cast<const uint16_t*>(patch);
+      uint32_t* cw = reinterpret_cast<uint32_t*>(colss);
+      const int pairs = jp / 2, cwl = cld / 2;
+      int jq = tid, m0 = 0;
+      for (; jq >= pairs; jq -= pairs) m0 += 8;
+      for (; m0 < qn;) {
+        const uint16_t* s0 = pb + table[2 * jq] + m0 * sc;
+        const uint16_t* s1 = pb + table[2 * jq + 1] + m0 * sc;
+        uint32_t* dst = cw + m0 * cwl + jq;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if (m0 + i < qn) dst[i * cwl] = uint32_t(s0[i * sc]) | (uint32_t(s1[i * sc]) << 16);
+        }
+        for (jq += kFwThreads; jq >= pairs; jq -= pairs) m0 += 8;
+      }
+      __syncthreads();  // cols written; every thread is done with the patch
+    }
+    if (has_next) PrefetchPatch(g, x, next, next_rowtab, pre);
+    cur = next;
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
+      }
+    }
+    if constexpr (kE == 2) {
+      // A = cols (pixels x j, row-major): lane l addresses pixel row l % 16 at column 8 * (l / 16). B = the j-major
+      // slice, read transposed as the filter gradient's B.
+      const uint16_t* cs = reinterpret_cast<const uint16_t*>(colss);
+      const uint16_t* wsb = reinterpret_cast<const uint16_t*>(ws);
+      for (int kk = 0; kk < jp; kk += 16) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          LdsmX4(a[mi], cs + (wm * 32 + mi * 16 + (lane & 15)) * cld + kk + ((lane >> 4) << 3));
+        }
+#pragma unroll
+        for (int ni = 0; ni < 4; ni += 2) {
+          uint32_t bq[4];
+          const int jr = kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+          LdsmX4T(bq, wsb + jr * (kFfK + 8) + wn * 32 + ni * 8 + ((lane >> 4) << 3));
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[mi][ni], a[mi], bq[0], bq[1]);
+            Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[mi][ni + 1], a[mi], bq[2], bq[3]);
+          }
+        }
+      }
+    } else {
+      // m16n8k8 fragments (g = lane / 4, t = lane % 4): A (pixel g | g + 8, j t | t + 4) straight from the patch,
+      // pixel rows past qn clamped to the last; B (j t | t + 4, k g) by ldmatrix on 32-bit elements (an 8x8 b16
+      // matrix is 8 rows of 4 elements, thread l getting element l % 4 of row l / 4) from the k-major slice, lanes
+      // 8-15 at j + 4, lanes 16-31 at the next n tile.
+      const uint32_t* pw = reinterpret_cast<const uint32_t*>(patch);
+      const float* wsk = reinterpret_cast<const float*>(ws);
+      const int gq = lane >> 2, tq = lane & 3;
+      int rm[2][2];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) rm[mi][h] = min(wm * 32 + mi * 16 + gq + h * 8, qn - 1) * sc;
+      }
+      for (int kk = 0; kk < jp; kk += 8) {
+        uint32_t a[2][4], bb[2][4];
+        const int o0 = table[kk + tq], o1 = table[kk + tq + 4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          a[mi][0] = pw[o0 + rm[mi][0]];
+          a[mi][1] = pw[o0 + rm[mi][1]];
+          a[mi][2] = pw[o1 + rm[mi][0]];
+          a[mi][3] = pw[o1 + rm[mi][1]];
+        }
+#pragma unroll
+        for (int nj = 0; nj < 2; ++nj) {
+          const int nr = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+          LdsmX4(bb[nj], wsk + nr * (jp + 4) + kk + (((lane >> 3) & 1) << 2));
+        }
+        if constexpr (kSplit) {
+          // v = big + small, both TF32; the small x small product (below 2^-22 of the result) is dropped.
+          uint32_t as[2][4], bs[2][4];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const float va = __uint_as_float(a[i][r]), vb = __uint_as_float(bb[i][r]);
+              a[i][r] = Tf32Bits(va);
+              as[i][r] = Tf32Bits(va - __uint_as_float(a[i][r]));
+              bb[i][r] = Tf32Bits(vb);
+              bs[i][r] = Tf32Bits(vb - __uint_as_float(bb[i][r]));
+            }
+          }
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+              MmaTf32(acc[mi][ni], as[mi], bb[ni >> 1][(ni & 1) * 2], bb[ni >> 1][(ni & 1) * 2 + 1]);
+              MmaTf32(acc[mi][ni], a[mi], bs[ni >> 1][(ni & 1) * 2], bs[ni >> 1][(ni & 1) * 2 + 1]);
+            }
+          }
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+          for (int ni = 0; ni < 4; ++ni) {
+            MmaTf32(acc[mi][ni], a[mi], bb[ni >> 1][(ni & 1) * 2], bb[ni >> 1][(ni & 1) * 2 + 1]);
+          }
+        }
+      }
+    }
+    // Accumulator r of tile (mi, ni): pixel lane / 4 (+ 8 for r >= 2), channel 2 * (lane % 4) (+ 1 for odd r). The
+    // activation is a template argument here: a runtime switch per element had been a tenth of the instructions.
+    T* yrow = y + (static_cast<int64_t>(row) * g.out[2] + q0) * k_total;
+    const auto epilogue = [&](auto act_c) {
+      constexpr int kAct = decltype(act_c)::value;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+          const int n = k0 + wn * 32 + ni * 8 + (lane & 3) * 2;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int ml = wm * 32 + mi * 16 + (lane >> 2) + h * 8;
+            if (ml >= qn || n >= k_total) continue;
+            StorePair(yrow + static_cast<int64_t>(ml) * k_total + n, Activate(acc[mi][ni][2 * h] + bias_v[ni][0], kAct),
+                      Activate(acc[mi][ni][2 * h + 1] + bias_v[ni][1], kAct));
+          }
+        }
+      }
+    };
+    switch (act) {
+      case kActRelu: epilogue(IntC<kActRelu>{}); break;
+      case kActGelu: epilogue(IntC<kActGelu>{}); break;
+      case kActSilu: epilogue(IntC<kActSilu>{}); break;
+      default: epilogue(IntC<kActNone>{});
     }
   }
 }
@@ -505,6 +825,78 @@ cudaError_t FusedWgrad(const Geometry& g, const FusedPlan& f, const void* x, con
   }
 }
 
+// The fused forward's launch; tiles == 0 when it does not apply (too many rows, or grid limits).
+struct FusedFwdPlan {
+  int qt = 0;  // pixels per tile: out[2] in equal segments of at most kFfPix
+  int64_t tiles = 0, kblocks = 0;
+  size_t smem = 0;
+};
+
+FusedFwdPlan MakeFusedFwdPlan(const ConvParams& p, DT in) {
+  FusedFwdPlan f;
+  const int eb = static_cast<int>(ElemBytes(in));
+  const int64_t rows = SpatialCount(p.win) * p.c[0], rows_tr = p.win[0] * p.win[1];
+  if (rows > kFfMaxRows) return f;
+  // A patch buffer (the patch and its zero tail, FfPatchElems) of at most kFfMaxPatch bytes: fewer pixels per tile
+  // while it is larger.
+  const auto buffer = [&](int64_t qt) {
+    return rows_tr * PatchWidth(p, qt) * p.c[0] + (kFfPix - 1) * p.stride[2] * p.c[0] + 1;
+  };
+  int64_t segs = CeilDiv(p.out[2], kFfPix), qt = CeilDiv(p.out[2], segs);
+  while (static_cast<size_t>(buffer(qt) * eb) > kFfMaxPatch) {
+    if (qt == 1) return f;
+    qt = CeilDiv(p.out[2], ++segs);
+  }
+  const int64_t tiles = p.n[0] * p.out[0] * p.out[1] * segs, kblocks = CeilDiv(p.k[0], kFfK);
+  if (tiles > kMaxIndex || kblocks > 65535) return f;
+  const int jp = FfRowsPadded(static_cast<int>(rows), eb);
+  f.qt = static_cast<int>(qt);
+  f.tiles = tiles;
+  f.kblocks = kblocks;
+  // f32: the slice and two patch buffers; 16-bit: the slice, cols and one patch buffer (FusedFwdKernel)
+  const int64_t elems = FfSliceElems(jp, eb) + (eb == 2 ? kFfPix * FfColsLd(jp, eb) + buffer(qt) : 2 * buffer(qt));
+  f.smem = static_cast<size_t>(elems * eb + (jp + 2 * CeilDiv(rows_tr, 4) * 4) * 4);
+  return f;
+}
+
+// Persistent blocks: as many as fit on the GPU at once (per k block), each looping over tiles.
+template <class T, bool kSplit>
+cudaError_t LaunchFusedFwd(const Geometry& g, const FusedFwdPlan& f, const void* x, const void* w, const void* bias,
+                           int k_total, int act, void* y, cudaStream_t s) {
+  auto* kernel = FusedFwdKernel<T, kSplit>;
+  cudaError_t e = cudaSuccess;
+  if (f.smem > 48 * 1024 &&  // above the default dynamic shared memory limit
+      (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(f.smem))) !=
+          cudaSuccess) {
+    return e;
+  }
+  int per_sm = 0, dev = 0, sms = 0;
+  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFwThreads, f.smem)) != cudaSuccess ||
+      (e = cudaGetDevice(&dev)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) {
+    return e;
+  }
+  if (per_sm < 1) return cudaErrorNotSupported;
+  const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms / f.kblocks);
+  const dim3 grid(static_cast<unsigned>(std::min(f.tiles, resident)), static_cast<unsigned>(f.kblocks));
+  const int row_count = static_cast<int>(f.tiles / CeilDiv(g.out[2], g.qt));
+  kernel<<<grid, kFwThreads, f.smem, s>>>(g, static_cast<const T*>(x), static_cast<const T*>(w),
+                                          static_cast<const T*>(bias), k_total, row_count, act, static_cast<T*>(y));
+  return cudaGetLastError();
+}
+
+cudaError_t FusedFwd(const ConvParams& p, const Geometry& g, const FusedFwdPlan& f, DT in, const void* x,
+                     const void* w, const void* bias, void* y, cudaStream_t s) {
+  const int kk = static_cast<int>(p.k[0]), act = static_cast<int>(p.activation[0]);
+  switch (in) {
+    case DT::kBF16: return LaunchFusedFwd<__nv_bfloat16, false>(g, f, x, w, bias, kk, act, y, s);
+    case DT::kF16: return LaunchFusedFwd<__half, false>(g, f, x, w, bias, kk, act, y, s);
+    default:
+      return MathFor(p, in) == IgemmMath::kTF32 ? LaunchFusedFwd<float, false>(g, f, x, w, bias, kk, act, y, s)
+                                                : LaunchFusedFwd<float, true>(g, f, x, w, bias, kk, act, y, s);
+  }
+}
+
 }  // namespace
 
 bool Im2colGemmApplies(const ConvParams& p, DT in) {
@@ -544,6 +936,13 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
                         : FusedWgrad<false>(g, f, a, b, kk32, rows, partial, s);
     if (e != cudaSuccess) return e;
     return ReduceSplits(in, out, partial, f.splits, pl.rows * kk, out_buf, s);  // fixed split order
+  }
+  if (const FusedFwdPlan f = MakeFusedFwdPlan(p, in); op == CudaOp::kFwd && f.tiles > 0 && out == in &&
+                                                      DeviceArch() >= 80) {
+    Geometry gf = g;
+    gf.qt = f.qt;
+    gf.wt = static_cast<int>(PatchWidth(p, f.qt));
+    return FusedFwd(p, gf, f, in, a, b, bias, out_buf, s);
   }
   if (workspace_bytes < pl.bytes()) return cudaErrorNotSupported;
   const void* wmat = b;  // fwd/dgrad: the (cr, K) filter matrix

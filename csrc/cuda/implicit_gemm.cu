@@ -45,15 +45,6 @@ IgemmProblem ToProblem(const ConvParams& p, DT in) {
   return pr;
 }
 
-// float32 follows lax on the GPU: DEFAULT may use TF32; HIGH and HIGHEST get the ~FP32-accurate 3xTF32.
-IgemmMath MathFor(const ConvParams& p, DT in) {
-  switch (in) {
-    case DT::kBF16: return IgemmMath::kBF16;
-    case DT::kF16: return IgemmMath::kF16;
-    default: return p.precision[0] == kPrecisionDefault ? IgemmMath::kTF32 : IgemmMath::k3xTF32;
-  }
-}
-
 // The workspace: [filter: fwd/dgrad the KTRSC filter, wgrad the f32 KTRSC gradient (both with the padded c)]
 // [padded activations, when c is not aligned: fwd/wgrad x, dgrad dx][kernel workspace].
 struct Staging {
