@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
     const int* rowtab = rowtabs + parity * rt4;
     int* next_rowtab = rowtabs + (parity ^ 1) * rt4;
     T* patch = patches + (kE == 4 ? parity * pbuf : 0);
-    // The next tile's row table: the other buffer, last read by this tile's prefetch (before the previous barrier).
+    // The next tile's row table: the other buffer, last read for the previous tile (before its first barrier).
     const bool has_next = b + static_cast<int>(gridDim.x) < tiles;
     TileOrigin next{};
     if (has_next) next = origin(b + gridDim.x, next_rowtab);
