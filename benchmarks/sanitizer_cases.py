@@ -62,7 +62,7 @@ CASES = [
     # The strided data gradient as one Hopper forward per phase scattered into dx (bf16 and TF32), odd sizes
     ("igemm phased dgrad", 2, (2, 15, 13, 64), (3, 3), 72, 1, (2, 2), (1, 1), ((1, 1), (1, 1)), "implicit_gemm",
      "default"),
-    # TF32 1x1 GEMMs (fwd: the filter transposed to K-major first; wgrad: dy transposed in shared memory, split M)
+    # TF32 1x1 GEMMs (fwd: the filter transposed to K-major first; wgrad: the mma.sync GEMM, split M)
     ("igemm tf32 1x1 gemm", 2, (3, 29, 31, 36), (1, 1), 136, 1, (1, 1), (1, 1), "VALID", "implicit_gemm", "default"),
     # The Hopper TF32 forward (and the flipped TF32 dgrad) split over the reduction into f32 slices, reduced with
     # the bias and activation: 2 tiles of 72 k tiles (9 splits), a partial M tile

@@ -227,14 +227,16 @@ def test_igemm_first_layer_deterministic(rng):
     assert np.array_equal(np.asarray(dx1), np.asarray(dx2))
 
 
-def test_igemm_1x1_gemm_deterministic(rng):
-  """The 1x1 GEMM path's split filter gradient (f32 partial sums reduced in a fixed order) is bitwise stable."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_igemm_1x1_gemm_deterministic(dtype, rng):
+  """The 1x1 GEMM path's split filter gradient (f32 partial sums reduced in a fixed order; TF32 on the mma.sync
+  GEMM, 16-bit on the Hopper one) is bitwise stable."""
   shape, k = CASES["1x1_gemm_split"][0], CASES["1x1_gemm_split"][-1]
   conv = functools.partial(jaxconv.conv2d, padding="VALID", algorithm="implicit_gemm")
-  with cu.gpu_context("bfloat16"):
-    x = cu.to_gpu(cu.randn(rng, shape, jnp.bfloat16))
-    w = cu.to_gpu(cu.randn(rng, (1, 1, shape[-1], k), jnp.bfloat16))
-    ct = cu.to_gpu(cu.randn(rng, (*shape[:-1], k), jnp.bfloat16))
+  with cu.gpu_context(dtype):
+    x = cu.to_gpu(cu.randn(rng, shape, dtype))
+    w = cu.to_gpu(cu.randn(rng, (1, 1, shape[-1], k), dtype))
+    ct = cu.to_gpu(cu.randn(rng, (*shape[:-1], k), dtype))
     g = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))
     (dx1, dw1), (dx2, dw2) = g(x, w, ct), g(x, w, ct)
     assert np.array_equal(np.asarray(dw1), np.asarray(dw2))

@@ -6,14 +6,17 @@
 //          TF32: B = w^T (K, C) ColumnMajor (K-major), transposed by the caller
 //   dgrad  dx = dy @ w^T            A = dy RowMajor (K-major), B = w ColumnMajor (K-major)    pingpong 128x128
 //   wgrad  dw = x^T @ dy            A = x ColumnMajor (M-major), B = dy RowMajor (N-major)    cooperative 128x128
+//          TF32: a CUTLASS 2.x mma.sync GEMM instead (below), 128x128, 128x64 or 64x128
 // Instantiations: those three x {bf16, f16, float as TF32} x {128, 64}-wide N tiles (64 when the GEMM's N is at
 // most 64, or on small grids), plus 64x128 tiles for 16-bit fwd/dgrad on small grids with N over 64 (TallM); the K
 // tile is 128 bytes of operand (64 16-bit values, 32 floats); f32 accumulation; cluster 1x1x1
 // (the filter operand is small and L2-resident, so multicast buys little, and odd M tails cost nothing extra).
 // TF32 (float32 at DEFAULT precision, as lax) reads f32 operands; wgmma takes TF32 only K-major from shared
-// memory. wgrad's MN-major operands go through CUTLASS's transposing mainloop (x through registers, dy transposed
-// in shared memory). The fwd filter is transposed by the caller instead: the builder's alternative for a K-major
-// A with an MN-major B swaps A and B, which also transposes the epilogue's problem (seen on the H100: wrong
+// memory. wgrad's MN-major operands: 16-bit through CUTLASS's transposing mainloop (x through registers, dy
+// transposed in shared memory); TF32 on CUTLASS 2.x's sm80 GEMM, whose mma.sync fragments load M-major operands
+// from shared memory as they are (the transposing mainloop had run at 1.3-2.2x cuBLAS's time on ResNet-50's 1x1
+// layers: DEVICE_RUNS 117). The fwd filter is transposed by the caller instead: the builder's alternative for a
+// K-major A with an MN-major B swaps A and B, which also transposes the epilogue's problem (seen on the H100: wrong
 // results with the row-major output and per-column bias used here).
 // wgrad's reduction (M pixels) is long while C x K is small: a deterministic split over M. The pixels are cut
 // into `splits` equal ranges of `per` pixels, run as one batched GEMM (L = splits, each batch writes its own f32
@@ -47,6 +50,8 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cuda/cutlass_act.cuh"
+#include "cutlass/epilogue/thread/linear_combination.h"
+#include "cutlass/gemm/device/gemm_universal.h"
 #else
 #define JAXCONV_GEMM1X1_KERNELS 0
 #endif
@@ -102,16 +107,16 @@ Dims DimsOf(const ConvParams& p) { return {p.n[0] * SpatialCount(p.in), p.c[0], 
 }
 
 // wgrad's split of the M pixels: `splits` ranges of `per` pixels (one batched GEMM) and `rem` = M - splits*per
-// more (one extra GEMM when > 0), so slices() f32 partial (C, K) sums. Estimated time in units of one k tile
-// (tile_k pixels) of MMA on one SM: waves * (k tiles per split + per-tile overhead) + partial-sum traffic + the
-// tail GEMM.
+// more (one extra GEMM when > 0), so slices() f32 partial (C, K) sums, for tiles of tile_m channels c. Estimated
+// time in units of one k tile (tile_k pixels) of MMA on one SM: waves * (k tiles per split + per-tile overhead) +
+// partial-sum traffic + the tail GEMM.
 struct WgradPlan {
   int64_t splits = 1, per = 1, rem = 0;
   int64_t slices() const { return splits + (rem > 0 ? 1 : 0); }
 };
 
-WgradPlan PlanWgrad(const Dims& g, int64_t tile_k) {
-  const int64_t tiles_mn = CeilDiv(g.c, kTileM) * CeilDiv(g.k, g.k <= kNarrowTileN ? kNarrowTileN : kTileN);
+WgradPlan PlanWgrad(const Dims& g, int64_t tile_k, int64_t tile_m) {
+  const int64_t tiles_mn = CeilDiv(g.c, tile_m) * CeilDiv(g.k, g.k <= kNarrowTileN ? kNarrowTileN : kTileN);
   const int64_t slice_bytes = g.c * g.k * int64_t(sizeof(float));
   constexpr double kTileOverhead = 4.0;    // pipeline fill + epilogue, in k tiles
   constexpr double kPerPartial = 1e-5;     // write + read one f32 partial, in k tiles (spread over the GPU)
@@ -138,8 +143,8 @@ WgradPlan PlanWgrad(const Dims& g, int64_t tile_k) {
   return best;
 }
 
-size_t WgradPartialBytes(const Dims& g, int64_t tile_k) {
-  return AlignUp(static_cast<size_t>(PlanWgrad(g, tile_k).slices() * g.c * g.k) * sizeof(float));
+size_t WgradPartialBytes(const Dims& g, int64_t tile_k, int64_t tile_m) {
+  return AlignUp(static_cast<size_t>(PlanWgrad(g, tile_k, tile_m).slices() * g.c * g.k) * sizeof(float));
 }
 
 // Whether the op's GEMM N (fwd and wgrad k, dgrad c) takes the kNarrowTileN-wide tiles: N at most 64, or (fwd,
@@ -301,6 +306,60 @@ typename WgradGemm<T, TN>::Arguments WgradArgs(const Dims& g, const void* x, con
   return args;
 }
 
+// TF32 wgrad (CUTLASS 2.x, sm80 mma.sync m16n8k8 on float operands rounded to TF32, 3-stage cp.async): the same
+// batched problem as WgradArgs. Tiles TM x TN x 32 with 4 warps; TM = 64 for c <= 64 with k > 64 (WgradTileM), TN
+// = 64 for k <= 64 (NarrowN), as the Hopper kernels' N.
+template <int TM, int TN>
+using WgradTf32Gemm = cutlass::gemm::device::GemmUniversal<
+    float, ColMajor, float, RowMajor, float, RowMajor, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    cutlass::gemm::GemmShape<TM, TN, 32>, cutlass::gemm::GemmShape<TM / 2, TN / 2, 32>,
+    cutlass::gemm::GemmShape<16, 8, 8>, cutlass::epilogue::thread::LinearCombination<float, 4, float, float>,
+    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>, 3, 4, 4>;
+
+template <int TM, int TN>
+typename WgradTf32Gemm<TM, TN>::Arguments WgradTf32Args(const Dims& g, const void* x, const void* dy, int64_t first,
+                                                        int64_t pixels, int64_t l, float* partial) {
+  return typename WgradTf32Gemm<TM, TN>::Arguments(
+      l > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
+      cutlass::gemm::GemmCoord(int(g.c), int(g.k), int(pixels)), int(l), {1.f, 0.f},
+      x == nullptr ? nullptr : static_cast<const float*>(x) + first * g.c,  // A[c][pix] = x[pix*C + c]
+      dy == nullptr ? nullptr : static_cast<const float*>(dy) + first * g.k,  // B[pix][k] = dy[pix*K + k]
+      partial, partial, pixels * g.c, pixels * g.k, g.c * g.k, g.c * g.k, g.c, g.k, g.k, g.k);
+}
+
+template <class T>
+int64_t WgradTileM(const Dims& g) {
+  return kTf32<T> && g.c <= 64 && g.k > kNarrowTileN ? 64 : kTileM;
+}
+
+// wgrad's GEMM type and arguments for operand type T, N tile TN and M tile TM.
+template <class T, int TN, int TM>
+struct WgradKernel {
+  using Gemm = WgradGemm<T, TN>;
+  static typename Gemm::Arguments Args(const Dims& g, const void* x, const void* dy, int64_t first, int64_t pixels,
+                                       int64_t l, float* partial) {
+    return WgradArgs<T, TN>(g, x, dy, first, pixels, l, partial);
+  }
+};
+template <int TN, int TM>
+struct WgradKernel<float, TN, TM> {
+  using Gemm = WgradTf32Gemm<TM, TN>;
+  static typename Gemm::Arguments Args(const Dims& g, const void* x, const void* dy, int64_t first, int64_t pixels,
+                                       int64_t l, float* partial) {
+    return WgradTf32Args<TM, TN>(g, x, dy, first, pixels, l, partial);
+  }
+};
+
+// Calls f(WgradKernel<T, TN, M tile>{}, plan) with the problem's M tile and split plan.
+template <class T, int TN, class F>
+auto WithWgradKernel(const Dims& g, F&& f) {
+  const WgradPlan pl = PlanWgrad(g, TileK<T>(), WgradTileM<T>(g));
+  if constexpr (kTf32<T> && TN == kTileN) {
+    if (WgradTileM<T>(g) != kTileM) return f(WgradKernel<T, TN, 64>{}, pl);
+  }
+  return f(WgradKernel<T, TN, kTileM>{}, pl);
+}
+
 template <class Gemm>
 bool CanImplement(const typename Gemm::Arguments& args) {
   return Gemm::can_implement(args) == cutlass::Status::kSuccess;
@@ -328,14 +387,15 @@ size_t KernelWorkspace(const Dims& g, CudaOp op) {
       return FwdGemm<T, TN, TM>::get_workspace_size(FwdArgs<T, TN, TM>(g, nullptr, nullptr, nullptr, 0, nullptr));
     case CudaOp::kDgrad:
       return DgradGemm<T, TN, TM>::get_workspace_size(DgradArgs<T, TN, TM>(g, nullptr, nullptr, nullptr));
-    default: {
-      const WgradPlan pl = PlanWgrad(g, TileK<T>());
-      size_t b = WgradGemm<T, TN>::get_workspace_size(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr));
-      if (pl.rem > 0) {
-        b = std::max(b, WgradGemm<T, TN>::get_workspace_size(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
-      }
-      return b;
-    }
+    default:
+      return WithWgradKernel<T, TN>(g, [&](auto kern, const WgradPlan& pl) {
+        using K = decltype(kern);
+        size_t b = K::Gemm::get_workspace_size(K::Args(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr));
+        if (pl.rem > 0) {
+          b = std::max(b, K::Gemm::get_workspace_size(K::Args(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
+        }
+        return b;
+      });
   }
 }
 
@@ -345,11 +405,12 @@ bool KernelsImplement(const Dims& g, CudaOp op) {
     case CudaOp::kFwd:
       return CanImplement<FwdGemm<T, TN, TM>>(FwdArgs<T, TN, TM>(g, nullptr, nullptr, nullptr, 0, nullptr));
     case CudaOp::kDgrad: return CanImplement<DgradGemm<T, TN, TM>>(DgradArgs<T, TN, TM>(g, nullptr, nullptr, nullptr));
-    default: {
-      const WgradPlan pl = PlanWgrad(g, TileK<T>());
-      return CanImplement<WgradGemm<T, TN>>(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr)) &&
-             (pl.rem == 0 || CanImplement<WgradGemm<T, TN>>(WgradArgs<T, TN>(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
-    }
+    default:
+      return WithWgradKernel<T, TN>(g, [&](auto kern, const WgradPlan& pl) {
+        using K = decltype(kern);
+        return CanImplement<typename K::Gemm>(K::Args(g, nullptr, nullptr, 0, pl.per, pl.splits, nullptr)) &&
+               (pl.rem == 0 || CanImplement<typename K::Gemm>(K::Args(g, nullptr, nullptr, 0, pl.rem, 1, nullptr)));
+      });
   }
 }
 
@@ -358,7 +419,7 @@ template <class T, int TN, int TM>
 cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b, const void* bias,
                      void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   const Dims g = DimsOf(p);
-  const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>()) : 0;
+  const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>(), WgradTileM<T>(g)) : 0;
   const size_t need = partial + AlignUp(KernelWorkspace<T, TN, TM>(g, op));
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) return cudaErrorInvalidValue;
   char* kernel_ws = static_cast<char*>(workspace) + partial;
@@ -373,20 +434,22 @@ cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* 
       if (!CanImplement<DgradGemm<T, TN, TM>>(args)) return cudaErrorNotSupported;
       return Launch<DgradGemm<T, TN, TM>>(args, kernel_ws, s);
     }
-    default: {
-      const WgradPlan pl = PlanWgrad(g, TileK<T>());
-      float* slices = static_cast<float*>(workspace);
-      const auto main_args = WgradArgs<T, TN>(g, a, b, 0, pl.per, pl.splits, slices);
-      const auto tail_args =
-          WgradArgs<T, TN>(g, a, b, pl.splits * pl.per, pl.rem > 0 ? pl.rem : 1, 1, slices + pl.splits * g.c * g.k);
-      if (!CanImplement<WgradGemm<T, TN>>(main_args) || (pl.rem > 0 && !CanImplement<WgradGemm<T, TN>>(tail_args))) {
-        return cudaErrorNotSupported;
-      }
-      cudaError_t e = Launch<WgradGemm<T, TN>>(main_args, kernel_ws, s);
-      if (e == cudaSuccess && pl.rem > 0) e = Launch<WgradGemm<T, TN>>(tail_args, kernel_ws, s);
-      if (e != cudaSuccess) return e;
-      return ReduceSplits(in, out, slices, pl.slices(), g.c * g.k, out_buf, s);  // fixed order
-    }
+    default:
+      return WithWgradKernel<T, TN>(g, [&](auto kern, const WgradPlan& pl) {
+        using K = decltype(kern);
+        using Gemm = typename K::Gemm;
+        float* slices = static_cast<float*>(workspace);
+        const auto main_args = K::Args(g, a, b, 0, pl.per, pl.splits, slices);
+        const auto tail_args =
+            K::Args(g, a, b, pl.splits * pl.per, pl.rem > 0 ? pl.rem : 1, 1, slices + pl.splits * g.c * g.k);
+        if (!CanImplement<Gemm>(main_args) || (pl.rem > 0 && !CanImplement<Gemm>(tail_args))) {
+          return cudaErrorNotSupported;
+        }
+        cudaError_t e = Launch<Gemm>(main_args, kernel_ws, s);
+        if (e == cudaSuccess && pl.rem > 0) e = Launch<Gemm>(tail_args, kernel_ws, s);
+        if (e != cudaSuccess) return e;
+        return ReduceSplits(in, out, slices, pl.slices(), g.c * g.k, out_buf, s);  // fixed order
+      });
   }
 }
 // The kernels of one problem: operand type, N tile width and the fwd/dgrad M tile (the forward's kWideTileM:
@@ -419,7 +482,7 @@ template <class T>
 size_t WorkspaceOf(const ConvParams& p, CudaOp op) {
   return WithVariant<T>(p, op, [&](auto v) {
     const Dims g = DimsOf(p);
-    const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>()) : 0;
+    const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>(), WgradTileM<T>(g)) : 0;
     return partial + AlignUp(KernelWorkspace<T, decltype(v)::kN, decltype(v)::kM>(g, op));
   });
 }
