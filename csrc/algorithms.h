@@ -107,7 +107,7 @@ inline int64_t ResolveAlgorithm(const ConvParams& p, ElemBytes eb, std::string* 
       // Tensor cores beat the small-channel kernels once there are 32+ outputs per pixel (first layers: 3 -> 64),
       // except on tiny problems (<= 2^21 MACs: a 32x32 3 -> 64 3x3 image) whose channels the tensor-core route
       // pads (c * element size >= 16 bytes, or one tap): its launches (padding, filter, GEMM) cost more than the
-      // small family's one kernel (run 71). Windows it unrolls instead run the fused forward there (run 115, 32x32
+      // small family's one kernel (run 71). Windows it unrolls instead run the fused forward there (runs 114-115, 32x32
       // 3 -> 64: fwd 6.0 vs 6.9 µs bf16, 5.8 vs 8.0 f32; the small family's data gradient took 325 µs against 9.3).
       const bool unrolled = p.c[0] * eb.in < 16 && SpatialCount(p.win) >= 2;
       const bool tiny_first_layer = SmallChannelApplies(p) && ConvMacs(p) <= (int64_t(1) << 21) && !unrolled;
