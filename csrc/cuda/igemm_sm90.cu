@@ -1010,24 +1010,6 @@ enum class FwdTile { kWide, kNarrow, kTall };
   return math == IgemmMath::kTF32 ? FwdTile::kNarrow : FwdTile::kTall;
 }
 
-// The current device's multiprocessors (cached per device; an attribute query does not synchronise): the
-// ping-pong kernel runs one block per SM.
-[[maybe_unused]] int64_t MultiprocessorCount() {
-  static std::atomic<int> cache[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return kPlanSms;
-  if (dev < 64) {
-    if (const int v = cache[dev].load(std::memory_order_relaxed); v != 0) return v;
-  }
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
-    cudaGetLastError();
-    return kPlanSms;
-  }
-  if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
-  return sms;
-}
-
 // SplitCfg (forward) with `plan`: the split kernel into f32 slices in the workspace, then ReduceSplitsEpilogue into y
 // (batch_inner: ReduceSplitsEpilogue's).
 template <class Cfg>

@@ -228,29 +228,37 @@ __device__ __forceinline__ TileOrigin FillRowTable(const Geometry& g, int row, i
   return TileOrigin{zq / g.out[0], w_lo};
 }
 
-// Stages the tile's patch as StagePatch does (rows of wt * c elements, zeros outside the image), elements `begin`
-// on, each through cvt, from the row table (written before a barrier). A thread issues kFwBatch loads before their
-// stores: the loads are latency-bound (one round trip per element had the fused filter gradient as slow as the
+// Patch elements i0 + u * kFwThreads (u < N) into val, as StagePatch stages them (rows of wt * c elements, zeros
+// outside the image and past the patch), from the row table (written before a barrier). All N loads are issued
+// before any use: they are latency-bound (one round trip per element had the fused filter gradient as slow as the
 // chunked route).
+template <int N, class E>
+__device__ __forceinline__ void LoadPatchElems(const Geometry& g, const E* __restrict__ x, TileOrigin o,
+                                               const int* __restrict__ rowtab, int i0, E (&val)[N]) {
+  const int span = g.wt * g.c, patch_elems = g.win0 * g.win1 * span;
+  const E* xn = x + static_cast<int64_t>(o.n) * g.in[0] * g.in[1] * g.in[2] * g.c;
+  const int e_lo = max(0, -o.w_lo * g.c), e_hi = min(span, (g.in[2] - o.w_lo) * g.c);
+  int tr = i0 / span, e = i0 - tr * span;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    val[u] = E{};
+    if (i0 + u * kFwThreads < patch_elems) {
+      const int ro = rowtab[tr];
+      if (ro != kNoRow && e >= e_lo && e < e_hi) val[u] = xn[ro + e];
+    }
+    for (e += kFwThreads; e >= span; e -= span) ++tr;
+  }
+}
+
+// Stages the tile's patch, elements `begin` on, each through cvt, kFwBatch loads per thread in flight.
 template <class E, class Cvt>
 __device__ __forceinline__ void LoadPatch(const Geometry& g, const E* __restrict__ x, TileOrigin o,
                                           const int* __restrict__ rowtab, E* __restrict__ patch, Cvt cvt,
                                           int begin = 0) {
-  const int span = g.wt * g.c, patch_elems = g.win0 * g.win1 * span;
-  const E* xn = x + static_cast<int64_t>(o.n) * g.in[0] * g.in[1] * g.in[2] * g.c;
-  const int e_lo = max(0, -o.w_lo * g.c), e_hi = min(span, (g.in[2] - o.w_lo) * g.c);
+  const int patch_elems = g.win0 * g.win1 * g.wt * g.c;
   for (int i0 = begin + threadIdx.x; i0 < patch_elems; i0 += kFwBatch * kFwThreads) {
     E val[kFwBatch];
-    int tr = i0 / span, e = i0 - tr * span;
-#pragma unroll
-    for (int u = 0; u < kFwBatch; ++u) {
-      val[u] = E{};
-      if (i0 + u * kFwThreads < patch_elems) {
-        const int ro = rowtab[tr];
-        if (ro != kNoRow && e >= e_lo && e < e_hi) val[u] = xn[ro + e];
-      }
-      for (e += kFwThreads; e >= span; e -= span) ++tr;
-    }
+    LoadPatchElems(g, x, o, rowtab, i0, val);
 #pragma unroll
     for (int u = 0; u < kFwBatch; ++u) {
       if (i0 + u * kFwThreads < patch_elems) patch[i0 + u * kFwThreads] = cvt(val[u]);
@@ -408,7 +416,9 @@ __host__ __device__ constexpr int FfSliceElems(int jp, int elem) {
   return elem == 2 ? jp * (kFfK + 8) : kFfK * (jp + 4);
 }
 // A patch buffer: the patch, then zeros that the columns past rows read (table[j] = patch_elems) for every pixel row.
-__host__ __device__ constexpr int FfPatchElems(int patch_elems, int sc) { return patch_elems + (kFfPix - 1) * sc + 1; }
+__host__ __device__ constexpr int64_t FfPatchElems(int64_t patch_elems, int64_t sc) {
+  return patch_elems + (kFfPix - 1) * sc + 1;
+}
 
 __device__ __forceinline__ void LdsmX4(uint32_t (&r)[4], const void* p) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -445,26 +455,6 @@ __device__ __forceinline__ void StorePair(T* dst, float v0, float v1) {
   }
 }
 
-// The first kFfPre * kFwThreads elements of a tile's patch, each thread's share in registers (element tid + u *
-// kFwThreads in pre[u]); LoadPatch's element order and zeros. Issued without waiting on them.
-template <class T>
-__device__ __forceinline__ void PrefetchPatch(const Geometry& g, const T* __restrict__ x, TileOrigin o,
-                                              const int* __restrict__ rowtab, T (&pre)[kFfPre]) {
-  const int span = g.wt * g.c, patch_elems = g.win0 * g.win1 * span;
-  const T* xn = x + static_cast<int64_t>(o.n) * g.in[0] * g.in[1] * g.in[2] * g.c;
-  const int e_lo = max(0, -o.w_lo * g.c), e_hi = min(span, (g.in[2] - o.w_lo) * g.c);
-  int tr = threadIdx.x / span, e = threadIdx.x - tr * span;
-#pragma unroll
-  for (int u = 0; u < kFfPre; ++u) {
-    pre[u] = T{};
-    if (threadIdx.x + u * kFwThreads < patch_elems) {
-      const int ro = rowtab[tr];
-      if (ro != kNoRow && e >= e_lo && e < e_hi) pre[u] = xn[ro + e];
-    }
-    for (e += kFwThreads; e >= span; e -= span) ++tr;
-  }
-}
-
 // T: __nv_bfloat16, __half or float (y in T). w: the HWIO filter as a (rows, k_total) matrix; bias: k_total elements
 // or null; tiles: row_count output rows of segs = ceil(out[2] / qt) tiles each; blockIdx.y: the k block.
 // f32 operands skip cols: the MMAs load their A fragments from the patch itself (the unroll had been half the
@@ -480,7 +470,7 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
   extern __shared__ int4 smem4[];
   const int jp = FfRowsPadded(g.rows, kE), cld = FfColsLd(jp, kE), rows_tr = g.win0 * g.win1;
   const int rt4 = (rows_tr + 3) / 4 * 4, patch_elems = rows_tr * g.wt * g.c, sc = g.stride[2] * g.c;
-  const int pbuf = FfPatchElems(patch_elems, sc);
+  const int pbuf = static_cast<int>(FfPatchElems(patch_elems, sc));  // < 2^31: MakeFusedFwdPlan's bound
   T* ws = reinterpret_cast<T*>(smem4);                   // the filter slice w'[j, k0 + n] (FfSliceElems), zero-padded
   T* colss = ws + FfSliceElems(jp, kE);                  // 16-bit: [kFfPix][cld], the tile's cols
   int* table = reinterpret_cast<int*>(colss + (kE == 2 ? kFfPix * cld : 0));  // [jp]: column j's patch offset
@@ -521,7 +511,7 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
   if (b < tiles) {
     cur = origin(b, rowtabs);
     __syncthreads();
-    PrefetchPatch(g, x, cur, rowtabs, pre);
+    LoadPatchElems(g, x, cur, rowtabs, tid, pre);  // the first kFfPre * kFwThreads elements
   }
   for (; b < tiles; b += gridDim.x, parity ^= 1) {
     const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
@@ -559,7 +549,7 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
       }
       __syncthreads();  // cols written; every thread is done with the patch
     }
-    if (has_next) PrefetchPatch(g, x, next, next_rowtab, pre);
+    if (has_next) LoadPatchElems(g, x, next, next_rowtab, tid, pre);
     cur = next;
     float acc[2][4][4];
 #pragma unroll
@@ -840,7 +830,7 @@ FusedFwdPlan MakeFusedFwdPlan(const ConvParams& p, DT in) {
   // A patch buffer (the patch and its zero tail, FfPatchElems) of at most kFfMaxPatch bytes: fewer pixels per tile
   // while it is larger.
   const auto buffer = [&](int64_t qt) {
-    return rows_tr * PatchWidth(p, qt) * p.c[0] + (kFfPix - 1) * p.stride[2] * p.c[0] + 1;
+    return FfPatchElems(rows_tr * PatchWidth(p, qt) * p.c[0], p.stride[2] * p.c[0]);
   };
   int64_t segs = CeilDiv(p.out[2], kFfPix), qt = CeilDiv(p.out[2], segs);
   while (static_cast<size_t>(buffer(qt) * eb) > kFfMaxPatch) {
@@ -870,14 +860,12 @@ cudaError_t LaunchFusedFwd(const Geometry& g, const FusedFwdPlan& f, const void*
           cudaSuccess) {
     return e;
   }
-  int per_sm = 0, dev = 0, sms = 0;
-  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFwThreads, f.smem)) != cudaSuccess ||
-      (e = cudaGetDevice(&dev)) != cudaSuccess ||
-      (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) {
+  int per_sm = 0;
+  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFwThreads, f.smem)) != cudaSuccess) {
     return e;
   }
   if (per_sm < 1) return cudaErrorNotSupported;
-  const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms / f.kblocks);
+  const int64_t resident = std::max<int64_t>(1, per_sm * MultiprocessorCount() / f.kblocks);
   const dim3 grid(static_cast<unsigned>(std::min(f.tiles, resident)), static_cast<unsigned>(f.kblocks));
   const int row_count = static_cast<int>(f.tiles / CeilDiv(g.out[2], g.qt));
   kernel<<<grid, kFwThreads, f.smem, s>>>(g, static_cast<const T*>(x), static_cast<const T*>(w),

@@ -686,23 +686,45 @@ cudaError_t TryPhasedDgrad(const ConvParams& p, DT in, DT out, int64_t algo, con
 
 }  // namespace
 
-// Cached per device: a handler must not synchronise (attribute queries do not).
-int DeviceArch() {
-  static std::atomic<int> cache[64];
+namespace {
+// query(dev) of the current device, cached per device (a handler must not synchronise; attribute queries do not);
+// 0 when the query fails or returns <= 0 (the error is cleared so the caller's launch check does not see it).
+template <class Query>
+int CachedPerDevice(std::atomic<int> (&cache)[64], Query query) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
   if (dev < 64) {
     if (const int v = cache[dev].load(std::memory_order_relaxed); v != 0) return v;
   }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error so the caller's launch check does not see it
+  const int v = query(dev);
+  if (v <= 0) {
+    cudaGetLastError();
     return 0;
   }
-  const int v = major * 10 + minor;
   if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
   return v;
+}
+}  // namespace
+
+int DeviceArch() {
+  static std::atomic<int> cache[64];
+  return CachedPerDevice(cache, [](int dev) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      return 0;
+    }
+    return major * 10 + minor;
+  });
+}
+
+int64_t MultiprocessorCount() {
+  static std::atomic<int> cache[64];
+  const int sms = CachedPerDevice(cache, [](int dev) {
+    int v = 0;
+    return cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? v : 0;
+  });
+  return sms > 0 ? sms : kPlanSms;
 }
 
 size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {

@@ -105,6 +105,9 @@ cudaError_t ReduceStencilFwd(const ConvParams& p, DT in, DT out, const void* x, 
 
 // Compute capability (major * 10 + minor) of the current device, 0 if unknown (implicit_gemm.cu).
 int DeviceArch();
+// Multiprocessors of the current device, an H100's count (kPlanSms) if unknown (implicit_gemm.cu). Both cached
+// per device.
+int64_t MultiprocessorCount();
 
 // ---- implicit_gemm.cu: tensor cores through CUTLASS (igemm.h), ImplicitGemmApplies in algorithms.h ----
 // algo: kAlgoImplicitGemm (the Hopper kernels where they apply, else mma.sync) or kAlgoImplicitGemmSm80.
