@@ -1,10 +1,10 @@
 """GPU checks of the channels-last depthwise kernels (csrc/cuda/depthwise_reg.cu, depthwise.cu), forced with
-algorithm="depthwise": the f32 register-stencil fwd / stride-1 dgrad (2-D 3x3, C % 4 == 0), the
-vectorised fwd/dgrad tile kernel and the vectorised wgrad at their edges (channel
-tiles, C equal to one 16-byte vector, odd/prime sizes, stride 2, asymmetric and causal pads, H dilation, 1-D,
-2-D and 3-D, 31x31 on 28x28, fused bias + activation, all dtypes) and the older kernels they fall back to (C not
-a multiple of the vector width, W dilation). Every result is compared with a float64 reference. Skipped
-cleanly without CUDA."""
+algorithm="depthwise": the register-stencil fwd / dgrad (1-D and 2-D, C % 4 == 0, stride-2 data gradients by
+output parity, channel tiles, D folded into the batch), the vectorised fwd/dgrad tile kernel and the vectorised
+wgrad at their edges (channel tiles, C equal to one 16-byte vector, odd/prime sizes, stride 2, asymmetric and
+causal pads, H dilation, 1-D, 2-D and 3-D, 31x31 on 28x28, fused bias + activation, all dtypes) and the older
+kernels they fall back to (C not a multiple of the vector width, W dilation). Every result is compared with a
+float64 reference. Skipped cleanly without CUDA."""
 
 from __future__ import annotations
 
@@ -41,20 +41,31 @@ CASES = {
     "3x3_c6": ((2, 11, 13, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     # mixed strides, 5x5 (stride 1 along H, 2 along W), prime sizes
     "5x5_s12": ((1, 29, 31, 40), (5, 5), (1, 2), ((2, 2), (2, 2)), (1, 1)),
-    # f32 3x3 register stencil (depthwise_reg.cu: stride 1/2, 4-channel vectors): MobileNet-like C = 144,
-    # pad_lo = K - 1, one-row images; 5x5 / 7x7 with stride 2, asymmetric pads and C = 4 / 12 (staged kernels)
+    # MobileNet-like C = 144, pad_lo = K - 1, one-row images; 5x5 / 7x7 with stride 2, asymmetric pads and
+    # C = 4 / 12 (7x7's stride-2 data gradient: the staged kernels)
     "3x3_c144_mobilenet": ((2, 28, 28, 144), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "5x5_s2_c12": ((2, 21, 18, 12), (5, 5), (2, 2), ((2, 1), (0, 2)), (1, 1)),
     "7x7_s2_c4_b3": ((3, 16, 15, 4), (7, 7), (2, 2), ((3, 3), (3, 3)), (1, 1)),
     "3x3_pad_lo2": ((1, 10, 9, 20), (3, 3), (1, 1), ((2, 0), (0, 2)), (1, 1)),
     "3x3_one_row": ((1, 1, 40, 8), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    # register stencil (depthwise_reg.cu) edges: the stride-2 data gradient by output parity with odd and even
+    # pads, 1-D and 2-D; H stride 2 with W stride 1; negative pads; one-row 1-D k = 3; two channel tiles (C = 264,
+    # 66 vectors); a 3-D problem whose D window is 1 (D folded into the batch)
+    "3x3_s2_up_pads": ((2, 16, 13, 8), (3, 3), (2, 2), ((0, 1), (2, 1)), (1, 1)),
+    "1d_s2_k3": ((2, 37, 12), (3,), (2,), ((1, 1),), (1,)),
+    "1d_s2_k5": ((1, 41, 20), (5,), (2,), ((2, 2),), (1,)),
+    "3x3_s21": ((1, 15, 14, 8), (3, 3), (2, 1), ((1, 1), (1, 1)), (1, 1)),
+    "3x3_negpad": ((1, 12, 13, 8), (3, 3), (1, 1), ((-1, 2), (2, -1)), (1, 1)),
+    "1d_k3_c12": ((3, 50, 12), (3,), (1,), ((1, 1),), (1,)),
+    "3x3_c264": ((1, 7, 9, 264), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    "3d_1x3x3_s2": ((2, 3, 9, 11, 8), (1, 3, 3), (1, 2, 2), ((0, 0), (1, 1), (1, 1)), (1, 1, 1)),
     # 3-D: the D window loop and D-strided tiles
     "3d_3x3x3": ((1, 5, 9, 11, 16), (3, 3, 3), (2, 1, 1), ((1, 1), (1, 1), (1, 1)), (1, 1, 1)),
 }
 
 ALL_DTYPES = ("float32", "bfloat16", "float16", "float64")
 FULL = ("3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c8", "7x7_c144", "3x3_c6", "3x3_c144_mobilenet",
-        "5x5_s2_c12")
+        "5x5_s2_c12", "3x3_s2_up_pads")
 
 
 def _params():
@@ -101,7 +112,7 @@ def test_depthwise_fwd_dgrad_wgrad(name, dtype, rng):
   np.testing.assert_array_equal(dw, dw2)
 
 
-EPILOGUE = ["3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c256", "7x7_c144", "31x31_28"]
+EPILOGUE = ["3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c256", "7x7_c144", "31x31_28", "3x3_c264"]
 ACTS = [None, "relu", "gelu", "silu"]
 OUT_DTYPES = [("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", "float32")]
 

@@ -1,16 +1,26 @@
-// Depthwise 3x3 forward (stride 1 or 2) and stride-1 data gradient as a register stencil, float32, channels-last
-// 2-D, no dilation, c a multiple of 4. The depthwise family's first choice where it applies (depthwise.cu keeps
-// everything else). On the H100 (2026-11-22) it ran MobileNetV2's 3x3 layers (56^2 x 144, b32) in 50-62 us
-// against 93 us for depthwise.cu's staged kernel; on 16-bit data and on ConvNeXt's 7x7 the staged kernel was as
-// fast or faster, so those stay there.
+// Depthwise forward and data gradient as a register stencil: channels-last 1-D or 2-D (a 3-D problem whose D
+// window is 1 folds D into the batch), float32 / bfloat16 / float16 in, float32 accumulation, c a multiple of 4,
+// no dilation; windows 3/5/7 wide (1-D: 3/4), W stride 1 or 2, data gradients of stride 1 or 2. The depthwise
+// family's first choice where it applies (depthwise.cu keeps everything else).
 //
-// Thread = (4 consecutive channels (one 16-byte vector), destination column x, TH destination rows): consecutive
-// threads take consecutive channel vectors, then columns, so a warp's loads of one source pixel row are
-// contiguous. Per window column s the thread loads the M = (TH - 1) * S + K source rows of its column (kept in
-// registers), then for every window row r one filter vector (L1-resident) feeds the TH destination rows:
-// M + K loads per column for TH outputs. Neighbouring columns' threads load overlapping pixels, which hit L1.
-//   fwd:   y[y, x, c]  = act(bias[c] + sum_{r,s} w[r, s, c] * x[y S - ph + r, x S - pw + s, c])
-//   dgrad: dx[y, x, c] = sum_{r,s} w[K-1-r, K-1-s, c] * dy[y - (K-1-ph) + r, x - (K-1-pw) + s, c]   (S == 1)
+// Thread = (4 consecutive channels, TH destination rows x P destination columns). Consecutive threads take
+// consecutive channel vectors, then the P-column strips of a row, so a warp's loads of one source pixel row are
+// contiguous (8 or 16 bytes a lane). Per source row the thread loads the L source columns its strip needs into
+// registers (all L loads issued before the first use), then every (destination row, window row) pair that uses
+// this source row runs KW x P vector FMAs against the filter row from shared memory (float32, flipped for the
+// unit-stride data gradient, staged once per persistent block). A source row feeds up to TH destination rows, a
+// source column up to KW outputs: per output about (L / P) * (M / TH) loads instead of KH * KW. The source is not
+// staged in shared memory (no barrier after the filter's): the halo overlap between neighbouring threads hits L1,
+// between row groups L2. On the H200 (runs 122-125) this replaced the staged kernel's 16-bit paths (MobileNetV2
+// 56^2 x 144 bf16 forward 61 -> 30 us, ConvNeXt 7x7 97 -> 53) and the generic kernel's stride-2 data gradient
+// (1330 -> 62 us). The loop is issue-bound: per source row of the 3x3 bf16 kernel, 96 FFMA among 183 instructions.
+//   fwd:   y[y, x, c]  = act(bias[c] + sum_{r,s} w[r, s, c] * x[y SH - ph + r, x S - pw + s, c])
+//   dgrad, stride 1: the forward of dy with the filter flipped and pads k - 1 - p.
+//   dgrad, stride 2 (kUp): dx[i, j, c] = sum over r, s with (i + ph - r, j + pw - s) even of
+//                          w[r, s, c] * dy[(i + ph - r) / 2, (j + pw - s) / 2, c].
+//     With P and TH even and strips aligned so that j + pw is even at the strip's first column, which taps reach
+//     which output column is known at compile time: (e - s) even for the column e of the strip.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -21,174 +31,352 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVc = 4;  // channels per thread (one 16-byte vector of floats)
-constexpr int kK = 3;   // window
+constexpr int kVc = 4;                       // channels per thread
+constexpr int kMaxFilterFloats = 48 * 1024 / 4;  // the block's filter slice in shared memory (float32)
+// float4 slots between two channel vectors' filter taps in shared memory: odd, so that the 8 threads of a quarter
+// warp, reading consecutive vectors' same tap, hit distinct banks.
+__host__ __device__ constexpr int TapStride(int64_t taps) { return static_cast<int>(taps | 1); }
 
-struct DwRegArgs {
-  int64_t threads;                         // n * groups * dst_cols * vecs
+enum class Mode { kFwd, kUp };  // kFwd also runs the unit-stride data gradient (flipped filter)
+
+struct DwRowArgs {
+  int64_t items;             // n * row_groups * strips
+  int64_t src_img, dst_img;  // elements per image
   int src_rows, src_cols, dst_rows, dst_cols;
-  int vecs;                                // c / kVc
-  int c, ph, pw, groups;                   // groups: row groups of TH destination rows
-  int act, has_bias;
+  int c, vecs, vb, ns;       // channels, channel vectors, vectors per block, spatial items per block
+  int kh, sh;                // window rows; row stride (kFwd)
+  int row_groups, strips;
+  // Strip k's first destination column is k * P + col0 and its first source column k * src_step + qcol0 (likewise
+  // rows with row0 / qrow0); src_step is P * S (kFwd) or P / 2 (kUp).
+  int col0, qcol0, row0, qrow0;
+  int flip, act, has_bias, out_f32;
 };
 
-template <int S, int TH, bool FLIP>
-__global__ void __launch_bounds__(kThreads) DwRegKernel(const DwRegArgs g, const float* __restrict__ src,
-                                                        const float* __restrict__ w, const float* __restrict__ bias,
-                                                        float* __restrict__ dst) {
-  constexpr int K = kK, VC = kVc;
-  constexpr int M = (TH - 1) * S + K;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (t >= g.threads) return;
-  int64_t q = t;
-  const int vec = static_cast<int>(q % g.vecs);
-  q /= g.vecs;
-  const int xd = static_cast<int>(q % g.dst_cols);
-  q /= g.dst_cols;
-  const int grp = static_cast<int>(q % g.groups);
-  const int64_t n = q / g.groups;
-  const int c0 = vec * VC, y0 = grp * TH;
-  const int ys0 = y0 * S - g.ph, xs0 = xd * S - g.pw;
-  const float* sn = src + n * g.src_rows * static_cast<int64_t>(g.src_cols) * g.c + c0;
-  float acc[TH][VC];
-#pragma unroll
-  for (int j = 0; j < TH; ++j)
-#pragma unroll
-    for (int i = 0; i < VC; ++i) acc[j][i] = 0.f;
-#pragma unroll
-  for (int s = 0; s < K; ++s) {
-    const int xs = xs0 + s;
-    const bool col_ok = xs >= 0 && xs < g.src_cols;
-    float col[M][VC];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const int ys = ys0 + m;
-      if (col_ok && ys >= 0 && ys < g.src_rows) {
-        LdGlobalAcc<float, float, VC>(sn + (static_cast<int64_t>(ys) * g.src_cols + xs) * g.c, col[m]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < VC; ++i) col[m][i] = 0.f;
-      }
+template <class T, int KW, int S, int TH, int P, Mode MODE>
+__global__ void __launch_bounds__(kThreads) DwRowKernel(const DwRowArgs g, const T* __restrict__ src,
+                                                        const T* __restrict__ w, const void* __restrict__ bias,
+                                                        void* __restrict__ dst) {
+  static_assert(MODE == Mode::kFwd || (S == 2 && P % 2 == 0), "kUp: stride 2, even strips");
+  // Source columns per strip.
+  constexpr int L = MODE == Mode::kFwd ? (P - 1) * S + KW : (P - 1) / 2 + (KW - 1) / 2 + 1;
+  constexpr int HW = (KW - 1) / 2;  // kUp: column e, tap s reads source column (e - s) / 2 + HW of the strip
+  static_assert(L <= 32, "column mask");
+  // The filter slice of this block's channel vectors, [vb][TapStride(taps)]: a thread's taps are contiguous (LDS
+  // with immediate offsets), and the odd stride keeps a quarter warp's 16-byte reads on distinct banks.
+  extern __shared__ float4 wsm[];
+  const int vt0 = blockIdx.y * g.vb;
+  const int nv = min(g.vb, g.vecs - vt0);
+  const int taps = g.kh * KW, tstride = TapStride(taps);
+  for (int i = threadIdx.x; i < taps * g.vb; i += blockDim.x) {
+    const int v = i / taps, tap = i - v * taps;
+    float f[kVc] = {0.f, 0.f, 0.f, 0.f};
+    if (v < nv) {
+      const int st = g.flip ? taps - 1 - tap : tap;
+      LdGlobalAcc<T, float, kVc>(w + static_cast<int64_t>(st) * g.c + (vt0 + v) * kVc, f);
     }
-#pragma unroll
-    for (int r = 0; r < K; ++r) {
-      float wv[VC];
-      const int tap = FLIP ? (K - 1 - r) * K + (K - 1 - s) : r * K + s;
-      LdGlobalAcc<float, float, VC>(w + static_cast<int64_t>(tap) * g.c + c0, wv);
-#pragma unroll
-      for (int j = 0; j < TH; ++j)
-#pragma unroll
-        for (int i = 0; i < VC; ++i) acc[j][i] = fmaf(wv[i], col[j * S + r][i], acc[j][i]);
-    }
+    wsm[v * tstride + tap] = make_float4(f[0], f[1], f[2], f[3]);
   }
-  float b[VC];
-#pragma unroll
-  for (int i = 0; i < VC; ++i) b[i] = 0.f;
+  __syncthreads();
+  const int v = threadIdx.x % g.vb, slot = threadIdx.x / g.vb;
+  if (v >= nv || slot >= g.ns) return;
+  const int c0 = (vt0 + v) * kVc;
+  const int hh = (g.kh - 1) / 2;
+  const int rows = MODE == Mode::kFwd ? (TH - 1) * g.sh + g.kh : (TH - 1) / 2 + hh + 1;
+  const int row_elems = g.src_cols * g.c;
+  float b[kVc] = {0.f, 0.f, 0.f, 0.f};
   if (g.has_bias) {
 #pragma unroll
-    for (int i = 0; i < VC; ++i) b[i] = bias[c0 + i];
+    for (int i = 0; i < kVc; ++i) {
+      b[i] = g.out_f32 ? static_cast<const float*>(bias)[c0 + i] : ToAcc(static_cast<const T*>(bias)[c0 + i]);
+    }
   }
-  float* dn = dst + n * g.dst_rows * static_cast<int64_t>(g.dst_cols) * g.c + c0;
+  // Persistent blocks (the grid is at most what fits at once): the filter slice is staged once for all the items
+  // a block takes. items < 2^31 (checked on the host): 32-bit index arithmetic.
+  for (unsigned item = blockIdx.x * g.ns + slot; item < static_cast<unsigned>(g.items); item += gridDim.x * g.ns) {
+    const unsigned q = item / static_cast<unsigned>(g.strips);
+    const int strip = static_cast<int>(item - q * static_cast<unsigned>(g.strips));
+    const unsigned n = q / static_cast<unsigned>(g.row_groups);
+    const int rg = static_cast<int>(q - n * static_cast<unsigned>(g.row_groups));
+    const int x0 = strip * P + g.col0, y0 = rg * TH + g.row0;
+    const int qc0 = strip * (MODE == Mode::kFwd ? P * S : P / 2) + g.qcol0;
+    const int qr0 = rg * (MODE == Mode::kFwd ? TH * g.sh : TH / 2) + g.qrow0;
+    // Which of the strip's source columns lie inside the image (the same for every row).
+    unsigned cmask = 0;
 #pragma unroll
-  for (int j = 0; j < TH; ++j) {
-    const int yd = y0 + j;
-    if (yd >= g.dst_rows) break;
-    float v[VC];
+    for (int l = 0; l < L; ++l) cmask |= (qc0 + l >= 0 && qc0 + l < g.src_cols ? 1u : 0u) << l;
+    const T* sn = src + n * g.src_img + c0;
+
+    float acc[TH][P][kVc];
 #pragma unroll
-    for (int i = 0; i < VC; ++i) v[i] = Activate(acc[j][i] + b[i], g.act);
-    float* out = dn + (static_cast<int64_t>(yd) * g.dst_cols + xd) * g.c;
-    StGlobal<float, float, VC>(out, v);
+    for (int j = 0; j < TH; ++j)
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+#pragma unroll
+        for (int i = 0; i < kVc; ++i) acc[j][p][i] = 0.f;
+
+#pragma unroll 1
+    for (int m = 0; m < rows; ++m) {
+      const int qr = qr0 + m;
+      if (qr < 0 || qr >= g.src_rows) continue;  // zero padding
+      const T* rp = sn + qr * row_elems + qc0 * g.c;
+      float sv[L][kVc];
+#pragma unroll
+      for (int l = 0; l < L; ++l, rp += g.c) {
+        if (cmask & (1u << l)) {
+          LdGlobalAcc<T, float, kVc>(rp, sv[l]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVc; ++i) sv[l][i] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < TH; ++j) {
+        // the window row that connects source row m to destination row j
+        const int r = MODE == Mode::kFwd ? m - j * g.sh : j + 2 * hh - 2 * m;
+        if (r < 0 || r >= g.kh) continue;
+        const float4* wr = wsm + v * tstride + r * KW;
+#pragma unroll
+        for (int s = 0; s < KW; ++s) {
+          const float4 f4 = wr[s];
+          const float f[kVc] = {f4.x, f4.y, f4.z, f4.w};
+#pragma unroll
+          for (int p = 0; p < P; ++p) {
+            if (MODE == Mode::kUp && (p - s) % 2 != 0) continue;
+            const int l = MODE == Mode::kFwd ? p * S + s : (p - s) / 2 + HW;
+#pragma unroll
+            for (int i = 0; i < kVc; ++i) acc[j][p][i] = fmaf(f[i], sv[l][i], acc[j][p][i]);
+          }
+        }
+      }
+    }
+
+    // The activation as a template argument: a runtime switch per element costs more than the stencil's loads.
+    const int64_t dn = n * g.dst_img + c0;
+    const auto epilogue = [&](auto act_c) {
+      constexpr int kAct = decltype(act_c)::value;
+#pragma unroll
+      for (int j = 0; j < TH; ++j) {
+        const int yd = y0 + j;
+        if (yd < 0 || yd >= g.dst_rows) continue;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const int xd = x0 + p;
+          if (xd < 0 || xd >= g.dst_cols) continue;
+          float o[kVc];
+#pragma unroll
+          for (int i = 0; i < kVc; ++i) o[i] = Activate(acc[j][p][i] + b[i], kAct);
+          const int64_t off = dn + (yd * g.dst_cols + xd) * g.c;
+          if (g.out_f32) StGlobal<float, float, kVc>(static_cast<float*>(dst) + off, o);
+          else StGlobal<T, float, kVc>(static_cast<T*>(dst) + off, o);
+        }
+      }
+    };
+    switch (g.act) {
+      case kActRelu: epilogue(IntC<kActRelu>{}); break;
+      case kActGelu: epilogue(IntC<kActGelu>{}); break;
+      case kActSilu: epilogue(IntC<kActSilu>{}); break;
+      default: epilogue(IntC<kActNone>{});
+    }
   }
 }
 
-DwRegArgs MakeArgs(const ConvParams& p, int64_t src_rows, int64_t src_cols, int64_t dst_rows, int64_t dst_cols,
-                   int64_t ph, int64_t pw, int th) {
-  DwRegArgs a{};
-  a.src_rows = static_cast<int>(src_rows);
-  a.src_cols = static_cast<int>(src_cols);
-  a.dst_rows = static_cast<int>(dst_rows);
-  a.dst_cols = static_cast<int>(dst_cols);
-  a.c = static_cast<int>(p.c[0]);
-  a.vecs = static_cast<int>(p.c[0] / kVc);
-  a.ph = static_cast<int>(ph);
-  a.pw = static_cast<int>(pw);
-  a.groups = static_cast<int>(CeilDiv(dst_rows, th));
-  a.threads = p.n[0] * a.groups * dst_cols * a.vecs;
+// The problem as the kernel sees it: source -> destination rows and columns, after folding D into the batch.
+struct RowProblem {
+  Mode mode = Mode::kFwd;
+  int64_t n = 0, src_rows = 0, src_cols = 0, dst_rows = 0, dst_cols = 0;
+  int64_t kh = 0, kw = 0, sh = 1, sw = 1, ph = 0, pw = 0;  // ph / pw: pad_lo of the forward (kUp) or as applied
+  bool flip = false;
+};
+
+// (TH, P): one-row problems (kh == 1) take 8 columns per thread; 2-D ones 2 rows x 4 columns.
+constexpr bool kOneRow = true;
+inline int RowsPerThread(bool one_row) { return one_row ? 1 : 2; }
+inline int ColsPerThread(bool one_row) { return one_row ? 8 : 4; }
+
+// Vectors per block: at most 64, the filter slice within kMaxFilterFloats, the channel tiles balanced.
+inline int64_t VectorsPerBlock(int64_t vecs, int64_t taps) {
+  const int64_t cap = std::min<int64_t>(64, kMaxFilterFloats / (TapStride(taps) * kVc));
+  if (cap < 1) return 0;
+  return CeilDiv(vecs, CeilDiv(vecs, cap));
+}
+
+// Whether an instantiated kernel takes (mode, kw, stride, one-row): see Launch.
+inline bool HasKernel(const RowProblem& rp, bool one_row) {
+  if (rp.mode == Mode::kUp) return !one_row && (rp.kw == 3 || rp.kw == 5);
+  if (one_row) return rp.sw == 1 && (rp.kw == 3 || rp.kw == 4);
+  return (rp.sw == 1 || rp.sw == 2) && (rp.kw == 3 || rp.kw == 5 || rp.kw == 7);
+}
+
+inline bool OneRow(const RowProblem& rp) { return rp.kh == 1 && rp.mode == Mode::kFwd && HasKernel(rp, kOneRow); }
+
+DwRowArgs MakeArgs(const ConvParams& p, const RowProblem& rp) {
+  const bool one_row = OneRow(rp);
+  const int th = RowsPerThread(one_row), pc = ColsPerThread(one_row);
+  const int64_t c = p.c[0];
+  DwRowArgs a{};
+  a.src_rows = static_cast<int>(rp.src_rows);
+  a.src_cols = static_cast<int>(rp.src_cols);
+  a.dst_rows = static_cast<int>(rp.dst_rows);
+  a.dst_cols = static_cast<int>(rp.dst_cols);
+  a.src_img = rp.src_rows * rp.src_cols * c;
+  a.dst_img = rp.dst_rows * rp.dst_cols * c;
+  a.c = static_cast<int>(c);
+  a.vecs = static_cast<int>(c / kVc);
+  a.vb = static_cast<int>(VectorsPerBlock(a.vecs, rp.kh * rp.kw));
+  a.ns = a.vb > 0 ? kThreads / a.vb : 0;
+  a.kh = static_cast<int>(rp.kh);
+  a.sh = static_cast<int>(rp.sh);
+  if (rp.mode == Mode::kFwd) {
+    a.col0 = 0;
+    a.qcol0 = static_cast<int>(-rp.pw);
+    a.row0 = 0;
+    a.qrow0 = static_cast<int>(-rp.ph);
+    a.strips = static_cast<int>(CeilDiv(rp.dst_cols, pc));
+    a.row_groups = static_cast<int>(CeilDiv(rp.dst_rows, th));
+  } else {
+    // Padded coordinates t = j + pw; strips start at even t (from pw rounded down), so e and t share parity.
+    const int64_t tc = rp.pw & ~int64_t(1), tr = rp.ph & ~int64_t(1);
+    a.col0 = static_cast<int>(tc - rp.pw);
+    a.qcol0 = static_cast<int>(tc / 2 - (rp.kw - 1) / 2);
+    a.row0 = static_cast<int>(tr - rp.ph);
+    a.qrow0 = static_cast<int>(tr / 2 - (rp.kh - 1) / 2);
+    a.strips = static_cast<int>(CeilDiv(rp.dst_cols - a.col0, pc));
+    a.row_groups = static_cast<int>(CeilDiv(rp.dst_rows - a.row0, th));
+  }
+  a.items = rp.n * a.row_groups * a.strips;
+  a.flip = rp.flip;
   a.act = static_cast<int>(p.activation[0]);
   a.has_bias = static_cast<int>(p.has_bias[0]);
   return a;
 }
 
-// Destination rows per thread: 4, or 2 when 4 would leave fewer than kBusyWarps warps.
-int RowsPerThread(const ConvParams& p, int64_t dst_rows, int64_t dst_cols) {
-  return MakeArgs(p, 1, 1, dst_rows, dst_cols, 0, 0, 4).threads < 32 * kBusyWarps ? 2 : 4;
+// The row problem of op (fwd or dgrad) when the kernels take it, else false.
+bool MakeRowProblem(const ConvParams& p, CudaOp op, RowProblem* rp) {
+  if (op == CudaOp::kWgrad || p.layout[0] != kChannelsLast) return false;
+  const int64_t c = p.c[0];
+  if (p.groups[0] != c || p.k[0] != c || p.batch_groups[0] != 1 || p.n[0] < 1 || c < 1 || c % kVc != 0) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (p.rhs_dil[d] != 1 || p.lhs_dil[d] != 1 || p.in[d] < 1 || p.out[d] < 1 || p.win[d] < 1) return false;
+    if (p.in[d] > (1 << 24) || p.out[d] > (1 << 24) || p.stride[d] > (1 << 20)) return false;
+    if (p.pad_lo[d] < -(1 << 20) || p.pad_lo[d] > (1 << 20)) return false;
+  }
+  // D: a window of 1 at stride 1 without padding maps each D position onto itself (part of the batch).
+  if (p.win[0] != 1 || p.stride[0] != 1 || p.pad_lo[0] != 0 || p.in[0] != p.out[0]) return false;
+  RowProblem r;
+  r.n = p.n[0] * p.in[0];
+  r.kh = p.win[1];
+  r.kw = p.win[2];
+  if (op == CudaOp::kFwd) {
+    r.src_rows = p.in[1], r.src_cols = p.in[2], r.dst_rows = p.out[1], r.dst_cols = p.out[2];
+    r.sh = p.stride[1], r.sw = p.stride[2], r.ph = p.pad_lo[1], r.pw = p.pad_lo[2];
+  } else {
+    r.src_rows = p.out[1], r.src_cols = p.out[2], r.dst_rows = p.in[1], r.dst_cols = p.in[2];
+    if (p.stride[1] == 1 && p.stride[2] == 1) {  // the forward of dy, filter flipped
+      r.flip = true;
+      r.ph = r.kh - 1 - p.pad_lo[1];
+      r.pw = r.kw - 1 - p.pad_lo[2];
+    } else if (p.stride[2] == 2 && (p.stride[1] == 2 || (r.kh == 1 && p.in[1] == 1 && p.pad_lo[1] == 0))) {
+      r.mode = Mode::kUp;
+      r.sh = r.sw = 2;
+      r.ph = p.pad_lo[1];
+      r.pw = p.pad_lo[2];
+    } else {
+      return false;
+    }
+  }
+  if (!HasKernel(r, OneRow(r))) return false;
+  if (VectorsPerBlock(c / kVc, r.kh * r.kw) < 1) return false;
+  // 32-bit offsets within an image row block; grid limits.
+  if (r.src_rows * r.src_cols * c > INT32_MAX || r.dst_rows * r.dst_cols * c > INT32_MAX) return false;
+  const DwRowArgs a = MakeArgs(p, r);
+  if (a.items > INT32_MAX - kThreads * 65536LL || CeilDiv(a.vecs, a.vb) > 65535) return false;
+  *rp = r;
+  return true;
 }
 
-template <bool FLIP>
-cudaError_t Launch(const ConvParams& p, int64_t src_rows, int64_t src_cols, int64_t dst_rows, int64_t dst_cols,
-                   int64_t ph, int64_t pw, const void* src, const void* w, const void* bias, void* dst,
-                   cudaStream_t s) {
-  const int th = RowsPerThread(p, dst_rows, dst_cols);
-  const int64_t stride = p.stride[1];
-  auto go = [&](auto sc, auto thc) {
-    constexpr int S = decltype(sc)::value, TH = decltype(thc)::value;
-    const DwRegArgs a = MakeArgs(p, src_rows, src_cols, dst_rows, dst_cols, ph, pw, TH);
-    DwRegKernel<S, TH, FLIP><<<static_cast<unsigned>(CeilDiv(a.threads, kThreads)), kThreads, 0, s>>>(
-        a, static_cast<const float*>(src), static_cast<const float*>(w), static_cast<const float*>(bias),
-        static_cast<float*>(dst));
-    return cudaGetLastError();
+template <class T>
+cudaError_t Launch(const ConvParams& p, const RowProblem& rp, bool out_f32, const void* src, const void* w,
+                   const void* bias, void* dst, cudaStream_t s) {
+  DwRowArgs a = MakeArgs(p, rp);
+  a.out_f32 = out_f32;
+  if (a.items == 0) return cudaSuccess;
+  const int64_t blocks = CeilDiv(a.items, a.ns);
+  const unsigned ctiles = static_cast<unsigned>(CeilDiv(a.vecs, a.vb));
+  const size_t smem = static_cast<size_t>(TapStride(a.kh * rp.kw)) * a.vb * sizeof(float4);
+  const unsigned threads = static_cast<unsigned>(a.vb * a.ns);
+  auto go = [&](auto kwc, auto sc, auto thc, auto pc, auto modec) {
+    constexpr int KW = decltype(kwc)::value, S = decltype(sc)::value, TH = decltype(thc)::value;
+    constexpr int P = decltype(pc)::value;
+    constexpr Mode M = static_cast<Mode>(decltype(modec)::value);
+    auto launch = [&](auto kern) {
+      // Persistent: at most the blocks that fit at once, over all channel tiles (run 125: 5-15 % faster than one
+      // block per group of items).
+      int per_sm = 0;
+      if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem);
+          e != cudaSuccess) {
+        return e;
+      }
+      if (per_sm < 1) return cudaErrorNotSupported;
+      const int64_t grid = std::min<int64_t>(blocks, std::max<int64_t>(1, per_sm * MultiprocessorCount() / ctiles));
+      kern<<<dim3(static_cast<unsigned>(grid), ctiles), threads, smem, s>>>(a, static_cast<const T*>(src),
+                                                                          static_cast<const T*>(w), bias, dst);
+      return cudaGetLastError();
+    };
+    return launch(DwRowKernel<T, KW, S, TH, P, M>);
   };
-  auto with_th = [&](auto sc) { return th == 2 ? go(sc, IntC<2>{}) : go(sc, IntC<4>{}); };
-  if constexpr (FLIP) return with_th(IntC<1>{});  // the data gradient: stride 1 only
-  else return stride == 1 ? with_th(IntC<1>{}) : with_th(IntC<2>{});
+  constexpr IntC<static_cast<int>(Mode::kFwd)> fwd{};
+  constexpr IntC<static_cast<int>(Mode::kUp)> up{};
+  if (rp.mode == Mode::kUp) {
+    return rp.kw == 3 ? go(IntC<3>{}, IntC<2>{}, IntC<2>{}, IntC<4>{}, up)
+                      : go(IntC<5>{}, IntC<2>{}, IntC<2>{}, IntC<4>{}, up);
+  }
+  if (OneRow(rp)) {
+    return rp.kw == 3 ? go(IntC<3>{}, IntC<1>{}, IntC<1>{}, IntC<8>{}, fwd)
+                      : go(IntC<4>{}, IntC<1>{}, IntC<1>{}, IntC<8>{}, fwd);
+  }
+  auto with_s = [&](auto kwc) {
+    return rp.sw == 1 ? go(kwc, IntC<1>{}, IntC<2>{}, IntC<4>{}, fwd) : go(kwc, IntC<2>{}, IntC<2>{}, IntC<4>{}, fwd);
+  };
+  if (rp.kw == 3) return with_s(IntC<3>{});
+  if (rp.kw == 5) return with_s(IntC<5>{});
+  return with_s(IntC<7>{});
+}
+
+cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
+                void* dst, cudaStream_t s, bool* launched) {
+  *launched = false;
+  RowProblem rp;
+  const bool types = (in == DT::kF32 && out == DT::kF32) ||
+                     ((in == DT::kBF16 || in == DT::kF16) && (out == in || out == DT::kF32));
+  if (!types || !MakeRowProblem(p, op, &rp) || !Aligned16(src) || !Aligned16(w) || !Aligned16(dst) ||
+      (bias != nullptr && !Aligned16(bias))) {
+    return cudaSuccess;
+  }
+  *launched = true;
+  const bool out_f32 = out == DT::kF32;
+  if (in == DT::kF32) return Launch<float>(p, rp, out_f32, src, w, bias, dst, s);
+  if (in == DT::kBF16) return Launch<__nv_bfloat16>(p, rp, out_f32, src, w, bias, dst, s);
+  return Launch<__half>(p, rp, out_f32, src, w, bias, dst, s);
 }
 
 }  // namespace
 
-bool DepthwiseRegApplies(const ConvParams& p, CudaOp op, DT in) {
-  if (in != DT::kF32 || op == CudaOp::kWgrad || p.layout[0] != kChannelsLast) return false;
-  const int64_t c = p.c[0];
-  if (p.groups[0] != c || p.k[0] != c || p.batch_groups[0] != 1 || p.n[0] < 1 || c < 1) return false;
-  if (c % kVc != 0) return false;
-  if (p.in[0] != 1 || p.out[0] != 1 || p.win[0] != 1 || p.pad_lo[0] != 0 || p.pad_hi[0] != 0) return false;
-  const int64_t k = p.win[1], st = p.stride[1];
-  if (p.win[2] != k || k != kK || p.stride[2] != st || (st != 1 && st != 2)) return false;
-  if (op == CudaOp::kDgrad && st != 1) return false;
-  for (int d = 1; d < 3; ++d) {
-    if (p.rhs_dil[d] != 1 || p.lhs_dil[d] != 1 || p.out[d] < 1) return false;
-    if (p.pad_lo[d] < 0 || p.pad_lo[d] >= k || p.in[d] > (1 << 24) || p.out[d] > (1 << 24)) return false;
-  }
-  // 32-bit channel offsets within an image; a 1-D grid.
-  if (p.in[1] * p.in[2] * c > INT32_MAX || p.out[1] * p.out[2] * c > INT32_MAX) return false;
-  return CeilDiv(MakeArgs(p, 1, 1, p.out[1], p.out[2], 0, 0, 2).threads, kThreads) <= INT32_MAX &&
-         CeilDiv(MakeArgs(p, 1, 1, p.in[1], p.in[2], 0, 0, 2).threads, kThreads) <= INT32_MAX;
+bool DepthwiseRegApplies(const ConvParams& p, CudaOp op) {
+  RowProblem rp;
+  return MakeRowProblem(p, op, &rp);
 }
 
 cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched) {
-  *launched = false;
-  if (!DepthwiseRegApplies(p, CudaOp::kFwd, in) || out != DT::kF32 || !Aligned16(x) || !Aligned16(w) ||
-      !Aligned16(y)) {
-    return cudaSuccess;
-  }
-  *launched = true;
-  return Launch<false>(p, p.in[1], p.in[2], p.out[1], p.out[2], p.pad_lo[1], p.pad_lo[2], x, w, bias, y, s);
+  return Run(p, CudaOp::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
 }
 
 cudaError_t DepthwiseRegDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched) {
-  *launched = false;
-  if (!DepthwiseRegApplies(p, CudaOp::kDgrad, in) || out != DT::kF32 || !Aligned16(dy) || !Aligned16(w) ||
-      !Aligned16(dx)) {
-    return cudaSuccess;
-  }
-  *launched = true;
   ConvParams q = p;
   q.activation[0] = kActNone;
   q.has_bias[0] = 0;
-  const int64_t k = p.win[1];
-  return Launch<true>(q, p.out[1], p.out[2], p.in[1], p.in[2], k - 1 - p.pad_lo[1], k - 1 - p.pad_lo[2], dy, w,
-                             nullptr, dx, s);
+  return Run(q, CudaOp::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
 }
 
 }  // namespace cuda

@@ -56,9 +56,10 @@ int64_t DepthwiseWgradSplits(const ConvParams& p, DT in);
 cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
                            int64_t splits, cudaStream_t s);
 
-// depthwise_reg.cu: the f32 3x3 register-stencil forward (stride 1 or 2) and stride-1 data gradient (channels-last
-// 2-D, no dilation, c a multiple of 4); DepthwiseFwd / DepthwiseDgrad try it first. *launched false: not taken.
-bool DepthwiseRegApplies(const ConvParams& p, CudaOp op, DT in);
+// depthwise_reg.cu: the register-stencil forward and data gradient (channels-last 1-D/2-D, f32/bf16/f16, c a
+// multiple of 4, no dilation; data gradients of stride 1 or 2); DepthwiseFwd / DepthwiseDgrad try it first.
+// *launched false: not taken.
+bool DepthwiseRegApplies(const ConvParams& p, CudaOp op);
 cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched);
 cudaError_t DepthwiseRegDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
