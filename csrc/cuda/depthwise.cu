@@ -1107,6 +1107,7 @@ cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, c
 }
 
 int64_t DepthwiseWgradSplits(const ConvParams& p, DT in) {
+  if (const int64_t reg = DepthwiseRegWgradSplits(p, in); reg > 0) return reg;
   const VecWgradPlan pl = PlanVecWgrad(p, in);
   if (pl.ok) return pl.splits;  // also what the older kernel gets if the pointers turn out misaligned
   const DwWgradArgs g = MakeDwWgradArgs(p);
@@ -1125,6 +1126,11 @@ cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, co
                            int64_t splits, cudaStream_t s) {
   if (WElements(p) <= 0) return cudaSuccess;
   splits = splits < 1 ? 1 : splits;
+  {
+    bool launched = false;
+    const cudaError_t e = DepthwiseRegWgrad(p, in, out, x, dy, dw, scratch, splits, s, &launched);
+    if (e != cudaSuccess || launched) return e;
+  }
   {
     bool ran = false;
     cudaError_t e = cudaSuccess;

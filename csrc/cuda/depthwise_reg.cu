@@ -1,7 +1,8 @@
-// Depthwise forward and data gradient as a register stencil: channels-last 1-D or 2-D (a 3-D problem whose D
+// Depthwise forward, data and filter gradients as register stencils: channels-last 1-D or 2-D (a 3-D problem whose D
 // window is 1 folds D into the batch), float32 / bfloat16 / float16 in, float32 accumulation, c a multiple of 4,
-// no dilation; windows 3/5/7 wide (1-D: 3/4), W stride 1 or 2, data gradients of stride 1 or 2. The depthwise
-// family's first choice where it applies (depthwise.cu keeps everything else).
+// no dilation; windows 3/5/7 wide (1-D: 3/4), W stride 1 or 2, data gradients of stride 1 or 2, and filter
+// gradients (DwRowWgradKernel, below). The depthwise family's first choice where it applies (depthwise.cu keeps
+// everything else).
 //
 // Thread = (4 consecutive channels, TH destination rows x P destination columns). Consecutive threads take
 // consecutive channel vectors, then the P-column strips of a row, so a warp's loads of one source pixel row are
@@ -36,6 +37,7 @@ constexpr int kMaxFilterFloats = 48 * 1024 / 4;  // the block's filter slice in 
 // float4 slots between two channel vectors' filter taps in shared memory: odd, so that the 8 threads of a quarter
 // warp, reading consecutive vectors' same tap, hit distinct banks.
 __host__ __device__ constexpr int TapStride(int64_t taps) { return static_cast<int>(taps | 1); }
+__device__ __forceinline__ int CeilDivDev(int a, int b) { return (a + b - 1) / b; }
 
 enum class Mode { kFwd, kUp };  // kFwd also runs the unit-stride data gradient (flipped filter)
 
@@ -180,6 +182,111 @@ __global__ void __launch_bounds__(kThreads) DwRowKernel(const DwRowArgs g, const
   }
 }
 
+// Filter gradient, same thread shape: dw[r, s, c] = sum over (n, y, x) of x[n, y SH - ph + r, x S - pw + s, c] *
+// dy[n, y, x, c]. Block = (split, channel tile, group of RH window rows); thread = (4 channels, slot); a slot walks
+// the items (n, y, P-column strip) of its split ns apart, loads the strip's P dy vectors once and, per window row
+// of its group, the L source columns, and accumulates all RH x KW taps in registers. Then a fixed-order sum over
+// the slots in shared memory, and per split either dw or a float32 partial for ReduceSplits (deterministic).
+// Outputs past the last column are not paired with anything (an inf in x must reach only the taps that see it).
+template <class T, int KW, int S, int P, int RH>
+__global__ void __launch_bounds__(kThreads) DwRowWgradKernel(const DwRowArgs g, int64_t per_split, int splits,
+                                                             const T* __restrict__ x, const T* __restrict__ dy,
+                                                             void* __restrict__ dw, float* __restrict__ scratch) {
+  constexpr int L = (P - 1) * S + KW;
+  constexpr int NA = RH * KW * kVc;  // accumulators per thread
+  static_assert(L <= 32, "column mask");
+  extern __shared__ float red[];  // [ns][vb * NA]
+  const int split = blockIdx.x;
+  const int ctiles = CeilDivDev(g.vecs, g.vb);
+  const int ctile = static_cast<int>(blockIdx.y) % ctiles, r0 = static_cast<int>(blockIdx.y) / ctiles * RH;
+  const int vt0 = ctile * g.vb;
+  const int nv = min(g.vb, g.vecs - vt0);
+  const int v = threadIdx.x % g.vb, slot = threadIdx.x / g.vb;
+  const int c0 = (vt0 + v) * kVc;
+  float acc[RH][KW][kVc];
+#pragma unroll
+  for (int rr = 0; rr < RH; ++rr)
+#pragma unroll
+    for (int s = 0; s < KW; ++s)
+#pragma unroll
+      for (int i = 0; i < kVc; ++i) acc[rr][s][i] = 0.f;
+  const int64_t ibeg = split * per_split, iend = min(g.items, ibeg + per_split);
+  if (v < nv && slot < g.ns) {
+    const int row_elems = g.src_cols * g.c;
+    for (int64_t it = ibeg + slot; it < iend; it += g.ns) {
+      const unsigned item = static_cast<unsigned>(it);  // items < 2^31 (checked on the host)
+      const unsigned q = item / static_cast<unsigned>(g.strips);
+      const int strip = static_cast<int>(item - q * static_cast<unsigned>(g.strips));
+      const unsigned n = q / static_cast<unsigned>(g.dst_rows);
+      const int yd = static_cast<int>(q - n * static_cast<unsigned>(g.dst_rows));
+      const int x0 = strip * P, qc0 = x0 * S + g.qcol0;
+      unsigned cmask = 0, pmask = 0;
+#pragma unroll
+      for (int l = 0; l < L; ++l) cmask |= (qc0 + l >= 0 && qc0 + l < g.src_cols ? 1u : 0u) << l;
+#pragma unroll
+      for (int p = 0; p < P; ++p) pmask |= (x0 + p < g.dst_cols ? 1u : 0u) << p;
+      float dv[P][kVc];
+      const T* dp = dy + n * g.dst_img + (static_cast<int64_t>(yd) * g.dst_cols + x0) * g.c + c0;
+#pragma unroll
+      for (int p = 0; p < P; ++p, dp += g.c) {
+        if (pmask & (1u << p)) {
+          LdGlobalAcc<T, float, kVc>(dp, dv[p]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVc; ++i) dv[p][i] = 0.f;
+        }
+      }
+      const T* sn = x + n * g.src_img + c0;
+#pragma unroll
+      for (int rr = 0; rr < RH; ++rr) {
+        const int r = r0 + rr;
+        const int qr = yd * g.sh + g.qrow0 + r;
+        if (r >= g.kh || qr < 0 || qr >= g.src_rows) continue;  // padding rows add nothing
+        const T* rp = sn + qr * row_elems + qc0 * g.c;
+        float sv[L][kVc];
+#pragma unroll
+        for (int l = 0; l < L; ++l, rp += g.c) {
+          if (cmask & (1u << l)) {
+            LdGlobalAcc<T, float, kVc>(rp, sv[l]);
+          } else {
+#pragma unroll
+            for (int i = 0; i < kVc; ++i) sv[l][i] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          if (!(pmask & (1u << p))) continue;
+#pragma unroll
+          for (int s = 0; s < KW; ++s)
+#pragma unroll
+            for (int i = 0; i < kVc; ++i) acc[rr][s][i] = fmaf(sv[p * S + s][i], dv[p][i], acc[rr][s][i]);
+        }
+      }
+    }
+  }
+  // Fixed-order sum over the slots.
+  float* mine = red + (static_cast<int64_t>(slot) * g.vb + v) * NA;
+#pragma unroll
+  for (int rr = 0; rr < RH; ++rr)
+#pragma unroll
+    for (int s = 0; s < KW; ++s)
+#pragma unroll
+      for (int i = 0; i < kVc; ++i) mine[(rr * KW + s) * kVc + i] = acc[rr][s][i];
+  __syncthreads();
+  const int per_slot = g.vb * NA;
+  for (int idx = threadIdx.x; idx < per_slot; idx += blockDim.x) {
+    const int vv = idx / NA, e = idx - vv * NA;
+    const int rr = e / (KW * kVc), s = e / kVc % KW, i = e % kVc;
+    if (vv >= nv || r0 + rr >= g.kh) continue;
+    float sum = 0.f;
+    for (int k = 0; k < g.ns; ++k) sum += red[k * per_slot + idx];
+    const int64_t off = static_cast<int64_t>((r0 + rr) * KW + s) * g.c + (vt0 + vv) * kVc + i;
+    if (splits > 1) scratch[split * static_cast<int64_t>(g.kh) * KW * g.c + off] = sum;
+    else if (g.out_f32) static_cast<float*>(dw)[off] = sum;
+    else static_cast<T*>(dw)[off] = FromAcc<T>(sum);
+  }
+}
+
 // The problem as the kernel sees it: source -> destination rows and columns, after folding D into the batch.
 struct RowProblem {
   Mode mode = Mode::kFwd;
@@ -250,9 +357,39 @@ DwRowArgs MakeArgs(const ConvParams& p, const RowProblem& rp) {
   return a;
 }
 
-// The row problem of op (fwd or dgrad) when the kernels take it, else false.
+// The filter gradient's items are single destination rows (TH = 1) and its block needs no filter slice.
+// Window rows per filter-gradient block (RH): 3 for 2-D windows 3 wide (all 9 taps of a 3x3 in registers), else 1.
+inline int WgradRows(const RowProblem& rp) { return rp.kw == 3 && !OneRow(rp) ? 3 : 1; }
+// Channel vectors per block: at most 4 (64 slots of 4 channels), so that there are enough blocks without many
+// splits, whose fixed-order sum (ReduceSplits, one thread per filter element) is latency-bound: with one block for
+// all of MobileNetV2's 144 channels, 528 splits took 34-48 us to add (run 128; with 4 vectors 3-5 us, run 129).
+DwRowArgs MakeWgradArgs(const ConvParams& p, const RowProblem& rp) {
+  DwRowArgs a = MakeArgs(p, rp);
+  a.vb = static_cast<int>(CeilDiv(a.vecs, CeilDiv(a.vecs, 4)));
+  a.ns = kThreads / a.vb;
+  a.row_groups = a.dst_rows;
+  a.strips = static_cast<int>(CeilDiv(rp.dst_cols, ColsPerThread(OneRow(rp))));
+  a.items = rp.n * a.row_groups * a.strips;
+  a.act = kActNone;
+  a.has_bias = 0;
+  return a;
+}
+
+// Splits of the filter gradient (a function of the problem: they fix the workspace): about two blocks per SM,
+// each slot with at least 4 items, partials within 512 MiB.
+int64_t WgradSplits(const ConvParams& p, const RowProblem& rp) {
+  const DwRowArgs a = MakeWgradArgs(p, rp);
+  const int64_t base = CeilDiv(a.vecs, a.vb) * CeilDiv(a.kh, WgradRows(rp));
+  int64_t splits = CeilDiv(2 * kPlanSms, base);
+  splits = std::min<int64_t>(splits, a.items / (4 * a.ns));
+  splits = std::min<int64_t>(splits, 1024);
+  splits = std::min<int64_t>(splits, (int64_t(1) << 27) / std::max<int64_t>(1, WElements(p)));
+  return splits < 2 ? 1 : splits;
+}
+
+// The row problem of op when the kernels take it, else false.
 bool MakeRowProblem(const ConvParams& p, CudaOp op, RowProblem* rp) {
-  if (op == CudaOp::kWgrad || p.layout[0] != kChannelsLast) return false;
+  if (p.layout[0] != kChannelsLast) return false;
   const int64_t c = p.c[0];
   if (p.groups[0] != c || p.k[0] != c || p.batch_groups[0] != 1 || p.n[0] < 1 || c < 1 || c % kVc != 0) return false;
   for (int d = 0; d < 3; ++d) {
@@ -266,7 +403,7 @@ bool MakeRowProblem(const ConvParams& p, CudaOp op, RowProblem* rp) {
   r.n = p.n[0] * p.in[0];
   r.kh = p.win[1];
   r.kw = p.win[2];
-  if (op == CudaOp::kFwd) {
+  if (op != CudaOp::kDgrad) {  // the filter gradient walks the forward's geometry
     r.src_rows = p.in[1], r.src_cols = p.in[2], r.dst_rows = p.out[1], r.dst_cols = p.out[2];
     r.sh = p.stride[1], r.sw = p.stride[2], r.ph = p.pad_lo[1], r.pw = p.pad_lo[2];
   } else {
@@ -288,8 +425,9 @@ bool MakeRowProblem(const ConvParams& p, CudaOp op, RowProblem* rp) {
   if (VectorsPerBlock(c / kVc, r.kh * r.kw) < 1) return false;
   // 32-bit offsets within an image row block; grid limits.
   if (r.src_rows * r.src_cols * c > INT32_MAX || r.dst_rows * r.dst_cols * c > INT32_MAX) return false;
-  const DwRowArgs a = MakeArgs(p, r);
-  if (a.items > INT32_MAX - kThreads * 65536LL || CeilDiv(a.vecs, a.vb) > 65535) return false;
+  const DwRowArgs a = op == CudaOp::kWgrad ? MakeWgradArgs(p, r) : MakeArgs(p, r);
+  const int64_t grid_y = CeilDiv(a.vecs, a.vb) * (op == CudaOp::kWgrad ? CeilDiv(a.kh, WgradRows(r)) : 1);
+  if (a.items > INT32_MAX - kThreads * 65536LL || grid_y > 65535) return false;
   *rp = r;
   return true;
 }
@@ -342,13 +480,45 @@ cudaError_t Launch(const ConvParams& p, const RowProblem& rp, bool out_f32, cons
   return with_s(IntC<7>{});
 }
 
+template <class T>
+cudaError_t LaunchWgrad(const ConvParams& p, const RowProblem& rp, bool out_f32, const void* x, const void* dy,
+                        void* dw, void* scratch, int64_t splits, cudaStream_t s) {
+  DwRowArgs a = MakeWgradArgs(p, rp);
+  a.out_f32 = out_f32;
+  const int rh = WgradRows(rp);
+  const int64_t per_split = CeilDiv(a.items, splits);
+  const dim3 grid(static_cast<unsigned>(splits),
+                  static_cast<unsigned>(CeilDiv(a.vecs, a.vb) * CeilDiv(a.kh, rh)));
+  const unsigned threads = static_cast<unsigned>(a.vb * a.ns);
+  auto go = [&](auto kwc, auto sc, auto pc, auto rhc) {
+    constexpr int KW = decltype(kwc)::value, S = decltype(sc)::value, P = decltype(pc)::value;
+    constexpr int RH = decltype(rhc)::value;
+    const size_t smem = static_cast<size_t>(threads) * RH * KW * kVc * sizeof(float);
+    DwRowWgradKernel<T, KW, S, P, RH><<<grid, threads, smem, s>>>(a, per_split, static_cast<int>(splits),
+                                                                  static_cast<const T*>(x), static_cast<const T*>(dy),
+                                                                  dw, static_cast<float*>(scratch));
+    return cudaGetLastError();
+  };
+  if (OneRow(rp)) {
+    return rp.kw == 3 ? go(IntC<3>{}, IntC<1>{}, IntC<8>{}, IntC<1>{}) : go(IntC<4>{}, IntC<1>{}, IntC<8>{}, IntC<1>{});
+  }
+  auto with_s = [&](auto kwc, auto rhc) {
+    return rp.sw == 1 ? go(kwc, IntC<1>{}, IntC<4>{}, rhc) : go(kwc, IntC<2>{}, IntC<4>{}, rhc);
+  };
+  if (rp.kw == 3) return with_s(IntC<3>{}, IntC<3>{});
+  if (rp.kw == 5) return with_s(IntC<5>{}, IntC<1>{});
+  return with_s(IntC<7>{}, IntC<1>{});
+}
+
+bool TypesOk(DT in, DT out) {
+  return (in == DT::kF32 && out == DT::kF32) || ((in == DT::kBF16 || in == DT::kF16) && (out == in || out == DT::kF32));
+}
+
 cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
                 void* dst, cudaStream_t s, bool* launched) {
   *launched = false;
   RowProblem rp;
-  const bool types = (in == DT::kF32 && out == DT::kF32) ||
-                     ((in == DT::kBF16 || in == DT::kF16) && (out == in || out == DT::kF32));
-  if (!types || !MakeRowProblem(p, op, &rp) || !Aligned16(src) || !Aligned16(w) || !Aligned16(dst) ||
+  if (!TypesOk(in, out) || !MakeRowProblem(p, op, &rp) || !Aligned16(src) || !Aligned16(w) || !Aligned16(dst) ||
       (bias != nullptr && !Aligned16(bias))) {
     return cudaSuccess;
   }
@@ -369,6 +539,31 @@ bool DepthwiseRegApplies(const ConvParams& p, CudaOp op) {
 cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched) {
   return Run(p, CudaOp::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
+}
+
+int64_t DepthwiseRegWgradSplits(const ConvParams& p, DT in) {
+  RowProblem rp;  // every output dtype the handlers accept for these inputs is one TypesOk takes
+  if (in == DT::kF64 || !MakeRowProblem(p, CudaOp::kWgrad, &rp)) return 0;
+  return WgradSplits(p, rp);
+}
+
+cudaError_t DepthwiseRegWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
+                              void* scratch, int64_t splits, cudaStream_t s, bool* launched) {
+  *launched = false;
+  RowProblem rp;
+  if (!TypesOk(in, out) || !MakeRowProblem(p, CudaOp::kWgrad, &rp) || !Aligned16(x) || !Aligned16(dy) ||
+      !Aligned16(dw) || (splits > 1 && scratch == nullptr)) {
+    return cudaSuccess;
+  }
+  *launched = true;
+  splits = std::max<int64_t>(1, splits);
+  const bool out_f32 = out == DT::kF32;
+  cudaError_t e;
+  if (in == DT::kF32) e = LaunchWgrad<float>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
+  else if (in == DT::kBF16) e = LaunchWgrad<__nv_bfloat16>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
+  else e = LaunchWgrad<__half>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
+  if (e != cudaSuccess || splits == 1) return e;
+  return ReduceSplits(in, out, scratch, splits, WElements(p), dw, s);
 }
 
 cudaError_t DepthwiseRegDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,

@@ -56,7 +56,7 @@ int64_t DepthwiseWgradSplits(const ConvParams& p, DT in);
 cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
                            int64_t splits, cudaStream_t s);
 
-// depthwise_reg.cu: the register-stencil forward and data gradient (channels-last 1-D/2-D, f32/bf16/f16, c a
+// depthwise_reg.cu: the register-stencil forward, data and filter gradients (channels-last 1-D/2-D, f32/bf16/f16, c a
 // multiple of 4, no dilation; data gradients of stride 1 or 2); DepthwiseFwd / DepthwiseDgrad try it first.
 // *launched false: not taken.
 bool DepthwiseRegApplies(const ConvParams& p, CudaOp op);
@@ -64,6 +64,11 @@ cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, c
                             void* y, cudaStream_t s, bool* launched);
 cudaError_t DepthwiseRegDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched);
+// Its filter gradient: the splits it plans (0: not taken), and the run (then the split partials in scratch,
+// reduced into dw).
+int64_t DepthwiseRegWgradSplits(const ConvParams& p, DT in);
+cudaError_t DepthwiseRegWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
+                              void* scratch, int64_t splits, cudaStream_t s, bool* launched);
 
 // ---- conv1d_long.cu: one spatial dim, stride/dilations 1, few channels, long window ----
 cudaError_t Long1DFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
