@@ -57,8 +57,8 @@ cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, co
                            int64_t splits, cudaStream_t s);
 
 // depthwise_reg.cu: the register-stencil forward, data and filter gradients (channels-last 1-D/2-D, f32/bf16/f16, c a
-// multiple of 4, no dilation; data gradients of stride 1 or 2); DepthwiseFwd / DepthwiseDgrad try it first.
-// *launched false: not taken.
+// multiple of 4, no dilation; data gradients of stride 1 or 2); DepthwiseFwd / DepthwiseDgrad / DepthwiseWgrad try
+// them first. *launched false: not taken.
 bool DepthwiseRegApplies(const ConvParams& p, CudaOp op);
 cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched);
