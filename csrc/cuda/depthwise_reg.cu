@@ -531,11 +531,6 @@ cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, 
 
 }  // namespace
 
-bool DepthwiseRegApplies(const ConvParams& p, CudaOp op) {
-  RowProblem rp;
-  return MakeRowProblem(p, op, &rp);
-}
-
 cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched) {
   return Run(p, CudaOp::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);

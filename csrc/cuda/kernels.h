@@ -59,7 +59,6 @@ cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, co
 // depthwise_reg.cu: the register-stencil forward, data and filter gradients (channels-last 1-D/2-D, f32/bf16/f16, c a
 // multiple of 4, no dilation; data gradients of stride 1 or 2); DepthwiseFwd / DepthwiseDgrad / DepthwiseWgrad try
 // them first. *launched false: not taken.
-bool DepthwiseRegApplies(const ConvParams& p, CudaOp op);
 cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched);
 cudaError_t DepthwiseRegDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
