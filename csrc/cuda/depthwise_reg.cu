@@ -360,12 +360,15 @@ DwRowArgs MakeArgs(const ConvParams& p, const RowProblem& rp) {
 // The filter gradient's items are single destination rows (TH = 1) and its block needs no filter slice.
 // Window rows per filter-gradient block (RH): 3 for 2-D windows 3 wide (all 9 taps of a 3x3 in registers), else 1.
 inline int WgradRows(const RowProblem& rp) { return rp.kw == 3 && !OneRow(rp) ? 3 : 1; }
-// Channel vectors per block: at most 4 (64 slots of 4 channels), so that there are enough blocks without many
-// splits, whose fixed-order sum (ReduceSplits, one thread per filter element) is latency-bound: with one block for
-// all of MobileNetV2's 144 channels, 528 splits took 34-48 us to add (run 128; with 4 vectors 3-5 us, run 129).
+// Channel vectors per block. 3x3 (RH = 3, one block row for the whole window): at most 4 (64 slots of 4 channels),
+// so that there are enough blocks without many splits, whose fixed-order sum (ReduceSplits, one thread per filter
+// element) is latency-bound: with one block for all of MobileNetV2's 144 channels, 528 splits took 34-48 us to add
+// (run 128; with 4 vectors 3-5 us, run 129). Wider windows and 1-D (one block row per window row, and long rows
+// or many channels): wide blocks, fewer passes over dy (run 132: ConvNeXt 7x7 bf16 200 us against 350 with 4 vectors,
+// float32 118 against 141; Mamba k = 4 155 against 241 and 133 against 187).
 DwRowArgs MakeWgradArgs(const ConvParams& p, const RowProblem& rp) {
   DwRowArgs a = MakeArgs(p, rp);
-  a.vb = static_cast<int>(CeilDiv(a.vecs, CeilDiv(a.vecs, 4)));
+  a.vb = static_cast<int>(WgradRows(rp) == 3 ? CeilDiv(a.vecs, CeilDiv(a.vecs, 4)) : VectorsPerBlock(a.vecs, 1));
   a.ns = kThreads / a.vb;
   a.row_groups = a.dst_rows;
   a.strips = static_cast<int>(CeilDiv(rp.dst_cols, ColsPerThread(OneRow(rp))));
@@ -375,12 +378,13 @@ DwRowArgs MakeWgradArgs(const ConvParams& p, const RowProblem& rp) {
   return a;
 }
 
-// Splits of the filter gradient (a function of the problem: they fix the workspace): about two blocks per SM,
-// each slot with at least 4 items, partials within 512 MiB.
+// Splits of the filter gradient (a function of the problem: they fix the workspace): about two blocks per SM for
+// the 3x3 blocks, four for the wide ones (the settings runs 129 and 132 measured), each slot with at least 4 items,
+// partials within 512 MiB.
 int64_t WgradSplits(const ConvParams& p, const RowProblem& rp) {
   const DwRowArgs a = MakeWgradArgs(p, rp);
   const int64_t base = CeilDiv(a.vecs, a.vb) * CeilDiv(a.kh, WgradRows(rp));
-  int64_t splits = CeilDiv(2 * kPlanSms, base);
+  int64_t splits = CeilDiv((WgradRows(rp) == 3 ? 2 : 4) * kPlanSms, base);
   splits = std::min<int64_t>(splits, a.items / (4 * a.ns));
   splits = std::min<int64_t>(splits, 1024);
   splits = std::min<int64_t>(splits, (int64_t(1) << 27) / std::max<int64_t>(1, WElements(p)));
