@@ -110,7 +110,7 @@ inline int64_t ResolveAlgorithm(const ConvParams& p, ElemBytes eb, std::string* 
       // small family's one kernel (run 71). Windows it unrolls instead run the fused forward there (runs 114-115, 32x32
       // 3 -> 64: fwd 6.0 vs 6.9 µs bf16, 5.8 vs 8.0 f32; the small family's data gradient took 325 µs against 9.3).
       // 16 -> 16 too: msd's 512^2 3x3 forward ran 200 µs on the small family against 51 on the tensor cores
-      // (bf16; f32 HIGHEST 245 against 188; run 135).
+      // (bf16; f32 HIGHEST 245 against 188; run 135), its data and filter gradients 1.2-4.4x slower (run 136).
       const bool unrolled = p.c[0] * eb.in < 16 && SpatialCount(p.win) >= 2;
       const bool tiny_first_layer = SmallChannelApplies(p) && ConvMacs(p) <= (int64_t(1) << 21) && !unrolled;
       const bool wide = p.k[0] >= 32 || (p.k[0] >= 16 && p.c[0] >= 16);

@@ -146,6 +146,33 @@ def test_forced_algorithm(algorithm, dtype, rng):
   cu.assert_close(dw, ref_dw, cu.tolerance(dtype), f"algorithm={algorithm} wgrad")
 
 
+# c -> 1 3x3 filter gradients (the direct family's COneWgrad, plane_stencil.cu): (x shape, c, options, algorithm).
+# Dilation, strides and uneven or negative pads move taps off the image on every side; the row counts split the
+# reduction (74, 300 and 23 destination rows); c = 12 needs `direct` forced (auto takes the small family there).
+C_TO_1_WGRAD = [
+    ((2, 37, 41, 64), dict(padding=((2, 1), (0, 3)), stride=(1, 2), dilation=(2, 3)), None),
+    ((1, 300, 64, 32), dict(padding="SAME", dilation=2), None),
+    ((1, 47, 29, 12), dict(padding=((-1, 2), (1, 0)), stride=2), "direct"),
+    ((1, 23, 19, 260), dict(padding="SAME"), None),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("case", range(len(C_TO_1_WGRAD)))
+def test_c_to_1_filter_gradient(case, dtype, rng):
+  x_shape, opts, algorithm = C_TO_1_WGRAD[case]
+  x, w = _gpu_arrays(rng, x_shape, (3, 3, x_shape[-1], 1), dtype=dtype)
+  conv = functools.partial(jaxconv.conv2d, algorithm=algorithm or "auto", precision="highest", **opts)
+  ct = jnp.asarray(cu.randn(rng, jax.eval_shape(conv, x, w).shape, dtype))
+  dw = jax.jit(lambda x, w, ct: jax.vjp(lambda w_: conv(x, w_), w)[1](ct)[0])(x, w, ct)
+  dil = opts.get("dilation", 1)
+  kw = dict(window_strides=opts.get("stride", (1, 1)) if isinstance(opts.get("stride"), tuple)
+            else (opts.get("stride", 1),) * 2, padding=opts["padding"],
+            rhs_dilation=dil if isinstance(dil, tuple) else (dil, dil), dimension_numbers=NHWC)
+  _, ref_dw = cu.ref_conv_vjp(np.asarray(x), np.asarray(w), np.asarray(ct), **kw)
+  cu.assert_close(dw, ref_dw, cu.tolerance(dtype), f"c -> 1 wgrad case {case}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 def test_long1d_window_longer_than_a_stage(dtype, rng):
   """long1d stages the reduction in chunks of 1152 taps worked in periods of 24 plus single taps: a 2047-tap

@@ -534,6 +534,7 @@ cudaError_t DirectDgrad(const ConvParams& p, DT in, DT out, const void* dy, cons
 }
 
 int64_t DirectWgradSplits(const ConvParams& p, DT in) {
+  if (const int64_t co = COneWgradSplits(p, in); co > 0) return co;  // c -> 1 3x3 (plane_stencil.cu)
   const WgradArgs g = MakeWgradArgs(p, WgradNarrow(p));
   if (g.base_tiles <= 0 || g.rtotal <= 0) return 1;
   const int64_t nchunks = CeilDiv(g.rtotal, kBK);
@@ -549,6 +550,9 @@ int64_t DirectWgradSplits(const ConvParams& p, DT in) {
 
 cudaError_t DirectWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
                         int64_t splits, cudaStream_t s) {
+  bool launched = false;
+  const cudaError_t co = COneWgrad(p, in, out, x, dy, dw, scratch, splits, s, &launched);
+  if (co != cudaSuccess || launched) return co;
   const bool narrow = WgradNarrow(p);
   WgradArgs g = MakeWgradArgs(p, narrow);
   if (g.welems <= 0) return cudaSuccess;

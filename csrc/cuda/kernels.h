@@ -108,6 +108,13 @@ bool ReduceStencilApplies(const ConvParams& p, DT in);
 cudaError_t ReduceStencilFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                              void* y, cudaStream_t s, bool* launched);
 
+// c -> 1 filter gradient (k == 1, channels-last 2-D, c % 4 == 0, 3x3, any stride, dilation and padding), the same
+// file; taken by the direct family. COneWgradSplits: its splits (0: not applicable), which size the direct family's
+// workspace; COneWgrad runs only with that many (*launched false otherwise).
+int64_t COneWgradSplits(const ConvParams& p, DT in);
+cudaError_t COneWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
+                      int64_t splits, cudaStream_t s, bool* launched);
+
 // Compute capability (major * 10 + minor) of the current device, 0 if unknown (implicit_gemm.cu).
 int DeviceArch();
 // Multiprocessors of the current device, an H100's count (kPlanSms) if unknown (implicit_gemm.cu). Both cached
