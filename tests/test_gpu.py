@@ -146,9 +146,10 @@ def test_forced_algorithm(algorithm, dtype, rng):
   cu.assert_close(dw, ref_dw, cu.tolerance(dtype), f"algorithm={algorithm} wgrad")
 
 
-# c -> 1 3x3 filter gradients (the direct family's COneWgrad, plane_stencil.cu): (x shape, c, options, algorithm).
-# Dilation, strides and uneven or negative pads move taps off the image on every side; the row counts split the
-# reduction (74, 300 and 23 destination rows); c = 12 needs `direct` forced (auto takes the small family there).
+# c -> 1 3x3 filter gradients (the direct family's COneWgrad, plane_stencil.cu): (x shape, options, algorithm).
+# Dilation, strides and uneven or negative pads move taps off the image on every side; the reduction splits over
+# 74, 300, 23 and 23 destination rows; c = 260 takes two channel tiles; c = 12 needs `direct` forced (auto takes the
+# small family there).
 C_TO_1_WGRAD = [
     ((2, 37, 41, 64), dict(padding=((2, 1), (0, 3)), stride=(1, 2), dilation=(2, 3)), None),
     ((1, 300, 64, 32), dict(padding="SAME", dilation=2), None),
@@ -165,10 +166,9 @@ def test_c_to_1_filter_gradient(case, dtype, rng):
   conv = functools.partial(jaxconv.conv2d, algorithm=algorithm or "auto", precision="highest", **opts)
   ct = jnp.asarray(cu.randn(rng, jax.eval_shape(conv, x, w).shape, dtype))
   dw = jax.jit(lambda x, w, ct: jax.vjp(lambda w_: conv(x, w_), w)[1](ct)[0])(x, w, ct)
-  dil = opts.get("dilation", 1)
-  kw = dict(window_strides=opts.get("stride", (1, 1)) if isinstance(opts.get("stride"), tuple)
-            else (opts.get("stride", 1),) * 2, padding=opts["padding"],
-            rhs_dilation=dil if isinstance(dil, tuple) else (dil, dil), dimension_numbers=NHWC)
+  pair = lambda v: v if isinstance(v, tuple) else (v, v)
+  kw = dict(window_strides=pair(opts.get("stride", 1)), padding=opts["padding"],
+            rhs_dilation=pair(opts.get("dilation", 1)), dimension_numbers=NHWC)
   _, ref_dw = cu.ref_conv_vjp(np.asarray(x), np.asarray(w), np.asarray(ct), **kw)
   cu.assert_close(dw, ref_dw, cu.tolerance(dtype), f"c -> 1 wgrad case {case}")
 
