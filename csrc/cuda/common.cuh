@@ -205,6 +205,10 @@ cudaError_t WithF32AccTypes(DT in, DT out, F&& f) {
   if (in == DT::kF16 && out == DT::kF32) return f(__half{}, float{});
   return cudaErrorInvalidValue;
 }
+// Whether WithF32AccTypes takes (in, out): kernels that decide before launching whether they run a call.
+inline bool IsF32AccPair(DT in, DT out) {
+  return WithF32AccTypes(in, out, [](auto, auto) { return cudaSuccess; }) == cudaSuccess;
+}
 
 inline size_t AccBytes(DT in) { return in == DT::kF64 ? 8 : 4; }
 

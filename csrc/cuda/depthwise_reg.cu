@@ -514,15 +514,11 @@ cudaError_t LaunchWgrad(const ConvParams& p, const RowProblem& rp, bool out_f32,
   return with_s(IntC<7>{}, IntC<1>{});
 }
 
-bool TypesOk(DT in, DT out) {
-  return (in == DT::kF32 && out == DT::kF32) || ((in == DT::kBF16 || in == DT::kF16) && (out == in || out == DT::kF32));
-}
-
 cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
                 void* dst, cudaStream_t s, bool* launched) {
   *launched = false;
   RowProblem rp;
-  if (!TypesOk(in, out) || !MakeRowProblem(p, op, &rp) || !Aligned16(src) || !Aligned16(w) || !Aligned16(dst) ||
+  if (!IsF32AccPair(in, out) || !MakeRowProblem(p, op, &rp) || !Aligned16(src) || !Aligned16(w) || !Aligned16(dst) ||
       (bias != nullptr && !Aligned16(bias))) {
     return cudaSuccess;
   }
@@ -541,7 +537,7 @@ cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, c
 }
 
 int64_t DepthwiseRegWgradSplits(const ConvParams& p, DT in) {
-  RowProblem rp;  // every output dtype the handlers accept for these inputs is one TypesOk takes
+  RowProblem rp;  // every output dtype the handlers accept for these inputs is one IsF32AccPair takes
   if (in == DT::kF64 || !MakeRowProblem(p, CudaOp::kWgrad, &rp)) return 0;
   return WgradSplits(p, rp);
 }
@@ -550,7 +546,7 @@ cudaError_t DepthwiseRegWgrad(const ConvParams& p, DT in, DT out, const void* x,
                               void* scratch, int64_t splits, cudaStream_t s, bool* launched) {
   *launched = false;
   RowProblem rp;
-  if (!TypesOk(in, out) || !MakeRowProblem(p, CudaOp::kWgrad, &rp) || !Aligned16(x) || !Aligned16(dy) ||
+  if (!IsF32AccPair(in, out) || !MakeRowProblem(p, CudaOp::kWgrad, &rp) || !Aligned16(x) || !Aligned16(dy) ||
       !Aligned16(dw) || (splits > 1 && scratch == nullptr)) {
     return cudaSuccess;
   }

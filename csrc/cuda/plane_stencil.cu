@@ -680,10 +680,8 @@ int64_t COneWgradSplits(const ConvParams& p, DT in) {
 cudaError_t COneWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
                       int64_t splits, cudaStream_t s, bool* launched) {
   *launched = false;
-  const bool types = (in == DT::kF32 && out == DT::kF32) ||
-                     ((in == DT::kBF16 || in == DT::kF16) && (out == in || out == DT::kF32));
   // Only with the workspace its plan sized (callers that fall back here without one keep the direct kernel).
-  if (!types || splits != COneWgradSplits(p, in) || (splits > 1 && scratch == nullptr) || !Aligned16(x)) {
+  if (!IsF32AccPair(in, out) || splits != COneWgradSplits(p, in) || (splits > 1 && scratch == nullptr) || !Aligned16(x)) {
     return cudaSuccess;
   }
   *launched = true;
