@@ -173,12 +173,7 @@ __global__ void __launch_bounds__(kThreads) DwRowKernel(const DwRowArgs g, const
         }
       }
     };
-    switch (g.act) {
-      case kActRelu: epilogue(IntC<kActRelu>{}); break;
-      case kActGelu: epilogue(IntC<kActGelu>{}); break;
-      case kActSilu: epilogue(IntC<kActSilu>{}); break;
-      default: epilogue(IntC<kActNone>{});
-    }
+    WithActivation(g.act, epilogue);
   }
 }
 

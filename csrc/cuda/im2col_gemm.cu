@@ -240,12 +240,12 @@ __device__ __forceinline__ void LoadPatchElems(const Geometry& g, const E* __res
   const int e_lo = max(0, -o.w_lo * g.c), e_hi = min(span, (g.in[2] - o.w_lo) * g.c);
   int tr = i0 / span, e = i0 - tr * span;
 #pragma unroll
+  for (int u = 0; u < N; ++u) val[u] = E{};
+#pragma unroll
   for (int u = 0; u < N; ++u) {
-    val[u] = E{};
-    if (i0 + u * kFwThreads < patch_elems) {
-      const int ro = rowtab[tr];
-      if (ro != kNoRow && e >= e_lo && e < e_hi) val[u] = xn[ro + e];
-    }
+    if (i0 + u * kFwThreads >= patch_elems) break;  // small patches (batch-1 tiles) skip the idle slots' stepping
+    const int ro = rowtab[tr];
+    if (ro != kNoRow && e >= e_lo && e < e_hi) val[u] = xn[ro + e];
     for (e += kFwThreads; e >= span; e -= span) ++tr;
   }
 }
@@ -403,6 +403,7 @@ constexpr int kFfPix = 64;        // pixels per tile (MMA M); 4 warps as 2 x 2, 
 constexpr int kFfK = 64;          // output channels per block (MMA N)
 constexpr int kFfMaxRows = 160;   // taps * c of the filter slice: a 7x7 stem's 147
 constexpr int kFfPre = 24;        // patch elements per thread prefetched in registers (a 7x7 stem's tile: 20)
+constexpr int kFfWBatch = 8;      // 16-byte filter vectors per thread in flight (a 7x7 f32 stem's slice: 20)
 constexpr size_t kFfMaxPatch = size_t(48) << 10;
 __host__ __device__ constexpr int FfKStep(int elem) { return elem == 2 ? 16 : 8; }
 __host__ __device__ constexpr int FfRowsPadded(int rows, int elem) {
@@ -482,10 +483,32 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
     if constexpr (kTf32) return __uint_as_float(Tf32Bits(v));
     else return v;
   };
-  for (int i = tid; i < jp * kFfK; i += kFwThreads) {
-    const int j = i / kFfK, n = i - j * kFfK;
-    const T v = j < g.rows && k0 + n < k_total ? cvt(w[static_cast<int64_t>(j) * k_total + k0 + n]) : T{};
-    ws[kE == 2 ? j * (kFfK + 8) + n : n * (jp + 4) + j] = v;
+  // The slice as 16-byte vectors of kVw channels (k_total % kVw == 0 and w 16-byte aligned: FusedFwd), kFfWBatch
+  // loads in flight per thread: element by element, one round trip each, it was half the stem's time at batch 1
+  // (ncu, DEVICE_RUNS 139).
+  constexpr int kVw = 16 / kE, kRowVecs = kFfK / kVw;
+  for (int i0 = tid; i0 < jp * kRowVecs; i0 += kFfWBatch * kFwThreads) {
+    int4 v[kFfWBatch];
+#pragma unroll
+    for (int u = 0; u < kFfWBatch; ++u) {
+      const int i = i0 + u * kFwThreads, j = i / kRowVecs, n = (i - j * kRowVecs) * kVw;
+      v[u] = make_int4(0, 0, 0, 0);
+      if (j < g.rows && k0 + n < k_total) {
+        v[u] = __ldg(reinterpret_cast<const int4*>(w + static_cast<int64_t>(j) * k_total + k0 + n));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kFfWBatch; ++u) {
+      const int i = i0 + u * kFwThreads, j = i / kRowVecs, n = (i - j * kRowVecs) * kVw;
+      if (j >= jp) break;
+      if constexpr (kE == 2) {
+        *reinterpret_cast<int4*>(ws + j * (kFfK + 8) + n) = v[u];  // rows of 144 bytes: 16-byte aligned
+      } else {
+        const float* e = reinterpret_cast<const float*>(&v[u]);
+#pragma unroll
+        for (int q = 0; q < kVw; ++q) ws[(n + q) * (jp + 4) + j] = cvt(e[q]);
+      }
+    }
   }
   for (int j = tid; j < jp; j += kFwThreads) table[j] = j < g.rows ? PatchOffset(g, j) : patch_elems;
   for (int i = patch_elems + tid; i < pbuf; i += kFwThreads) {
@@ -664,12 +687,7 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
         }
       }
     };
-    switch (act) {
-      case kActRelu: epilogue(IntC<kActRelu>{}); break;
-      case kActGelu: epilogue(IntC<kActGelu>{}); break;
-      case kActSilu: epilogue(IntC<kActSilu>{}); break;
-      default: epilogue(IntC<kActNone>{});
-    }
+    WithActivation(act, epilogue);
   }
 }
 
@@ -925,7 +943,9 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
     if (e != cudaSuccess) return e;
     return ReduceSplits(in, out, partial, f.splits, pl.rows * kk, out_buf, s);  // fixed split order
   }
+  // The fused forward reads the filter as 16-byte vectors of output channels.
   if (const FusedFwdPlan f = MakeFusedFwdPlan(p, in); op == CudaOp::kFwd && f.tiles > 0 && out == in &&
+                                                      Aligned16(b) && kk % static_cast<int64_t>(16 / eb) == 0 &&
                                                       DeviceArch() >= 80) {
     Geometry gf = g;
     gf.qt = f.qt;
