@@ -183,20 +183,22 @@ __global__ void __launch_bounds__(kThreads, (CO >= 64 || sizeof(T) == 8) ? 1 : 2
       }
     }
     TO* dbase = dst + n * g.dN + (t0 * g.dS[0] + t1 * g.dS[1]);
+    WithActivation(g.act, [&](auto act_c) {
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (t2 + p >= g.tsp[2]) break;
-      TO* dp = dbase + (t2 + p) * g.dS[2];
+      for (int p = 0; p < P; ++p) {
+        if (t2 + p >= g.tsp[2]) break;
+        TO* dp = dbase + (t2 + p) * g.dS[2];
 #pragma unroll
-      for (int co = 0; co < COT; ++co) {
-        const int cg = cc * COT + co;
-        if (cg < g.cout) {
-          Acc v = acc[p][co];
-          if (g.has_bias) v += ToAcc(bias[cg]);
-          dp[cg] = FromAcc<TO>(Activate(v, g.act));
+        for (int co = 0; co < COT; ++co) {
+          const int cg = cc * COT + co;
+          if (cg < g.cout) {
+            Acc v = acc[p][co];
+            if (g.has_bias) v += ToAcc(bias[cg]);
+            dp[cg] = FromAcc<TO>(Activate(v, decltype(act_c)::value));
+          }
         }
       }
-    }
+    });
   }
 }
 
@@ -262,6 +264,9 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
   using Acc = float;
   constexpr int KG = kRsKg;
   constexpr int SEG = (P - 1) * S + TW;
+  // Window rows per batch: 5 (4 for 7-tap windows) at 2 pixels per thread, where the grid is too small to hide each
+  // row's loads; larger P (larger grids) keep one row at a time and their registers (batches of rows spilled there).
+  constexpr int RB = P > 2 ? 1 : SEG <= 6 ? 5 : 4;
   constexpr int WV = KG * sizeof(T) >= 16 ? 16 / static_cast<int>(sizeof(T)) : KG;    // weights per vector load
   constexpr int OV = KG * sizeof(TO) >= 16 ? 16 / static_cast<int>(sizeof(TO)) : KG;  // outputs per store
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -289,36 +294,48 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
     const int c0 = t2 * S + g.beta[2];  // first source column of the segment
     const T* sbase = src + n * g.sN;
     const T* wk = w + kg * KG;
+    // Window rows in batches of RB: the batch's segments are loaded first, one round trip for RB rows (row by
+    // row, the tutorial's warps waited on each row's loads in turn: ncu, DEVICE_RUNS 139), then per row its TW
+    // filter vectors (warp-uniform) and the FMAs. A row outside the source is a zero segment, as columns are.
     for (int f0 = 0; f0 < g.taps[0]; ++f0) {
       const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], g.delta[0], g.lim[0]);
       if (q0 < 0) continue;
-      for (int f1 = 0; f1 < g.taps[1]; ++f1) {
-        const int q1 = TapIndex(t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1], g.delta[1], g.lim[1]);
-        if (q1 < 0) continue;
-        const T* rowp = sbase + (q0 * g.sS[0] + q1 * g.sS[1]);
-        const T* wrow = wk + (f0 * g.taps[1] + f1) * TW * g.wF;
+      const T* plane = sbase + q0 * g.sS[0];
+      for (int f1b = 0; f1b < g.taps[1]; f1b += RB) {
 #pragma unroll 1
         for (int ci = 0; ci < g.cin; ++ci) {
-          Acc seg[SEG];
+          Acc seg[RB][SEG];
 #pragma unroll
-          for (int m = 0; m < SEG; ++m) {
-            const int col = c0 + m;
-            seg[m] = (col >= 0 && col < g.lim[2]) ? ToAcc(rowp[col * g.sS[2] + ci]) : 0.f;
+          for (int rr = 0; rr < RB; ++rr) {
+            const int f1 = f1b + rr;
+            const int q1 =
+                f1 < g.taps[1] ? TapIndex(t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1], g.delta[1], g.lim[1]) : -1;
+            const T* rowp = plane + max(q1, 0) * g.sS[1] + ci;
+#pragma unroll
+            for (int m = 0; m < SEG; ++m) {
+              const int col = c0 + m;
+              seg[rr][m] = (q1 >= 0 && col >= 0 && col < g.lim[2]) ? ToAcc(rowp[col * g.sS[2]]) : 0.f;
+            }
           }
 #pragma unroll
-          for (int f2 = 0; f2 < TW; ++f2) {
-            Acc wv[KG];
+          for (int rr = 0; rr < RB; ++rr) {
+            if (f1b + rr >= g.taps[1]) break;  // uniform over the warp
+            const T* wrow = wk + (f0 * g.taps[1] + f1b + rr) * TW * g.wF + ci * g.wCi;
 #pragma unroll
-            for (int v = 0; v < KG / WV; ++v) {
-              Acc part[WV];
-              LdGlobalAcc<T, Acc, WV>(wrow + f2 * g.wF + ci * g.wCi + v * WV, part);
+            for (int f2 = 0; f2 < TW; ++f2) {
+              Acc wv[KG];
 #pragma unroll
-              for (int e = 0; e < WV; ++e) wv[v * WV + e] = part[e];
+              for (int v = 0; v < KG / WV; ++v) {
+                Acc part[WV];
+                LdGlobalAcc<T, Acc, WV>(wrow + f2 * g.wF + v * WV, part);
+#pragma unroll
+                for (int e = 0; e < WV; ++e) wv[v * WV + e] = part[e];
+              }
+#pragma unroll
+              for (int j = 0; j < P; ++j)
+#pragma unroll
+                for (int k = 0; k < KG; ++k) acc[j][k] = fma(seg[rr][j * S + f2], wv[k], acc[j][k]);
             }
-#pragma unroll
-            for (int j = 0; j < P; ++j)
-#pragma unroll
-              for (int k = 0; k < KG; ++k) acc[j][k] = fma(seg[j * S + f2], wv[k], acc[j][k]);
           }
         }
       }
@@ -327,17 +344,19 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
     Acc bv[KG];
 #pragma unroll
     for (int k = 0; k < KG; ++k) bv[k] = g.has_bias ? ToAcc(bias[kg * KG + k]) : 0.f;
+    WithActivation(g.act, [&](auto act_c) {
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
-      if (t2 + j >= g.tsp[2]) break;
+      for (int j = 0; j < P; ++j) {
+        if (t2 + j >= g.tsp[2]) break;
 #pragma unroll
-      for (int v = 0; v < KG / OV; ++v) {
-        Acc part[OV];
+        for (int v = 0; v < KG / OV; ++v) {
+          Acc part[OV];
 #pragma unroll
-        for (int e = 0; e < OV; ++e) part[e] = Activate(acc[j][v * OV + e] + bv[v * OV + e], g.act);
-        StGlobal<TO, Acc, OV>(dbase + (t2 + j) * g.dS[2] + v * OV, part);
+          for (int e = 0; e < OV; ++e) part[e] = Activate(acc[j][v * OV + e] + bv[v * OV + e], decltype(act_c)::value);
+          StGlobal<TO, Acc, OV>(dbase + (t2 + j) * g.dS[2] + v * OV, part);
+        }
       }
-    }
+    });
   }
 }
 
@@ -642,25 +661,27 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 8 ? 1 : 3) ScStencilKer
       }
     }
     TO* dplane = dst + n * g.dN + t0 * g.dS0;
+    WithActivation(g.act, [&](auto act_c) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int t1 = r0 + base_s + r * g1;
-      if (t1 >= g.tsp[1]) continue;
+      for (int r = 0; r < R; ++r) {
+        const int t1 = r0 + base_s + r * g1;
+        if (t1 >= g.tsp[1]) continue;
 #pragma unroll
-      for (int j = 0; j < P; ++j) {
-        const int t2 = c0 + lane + 32 * j;
-        if (t2 >= g.tsp[2]) continue;
-        TO* dp = dplane + (t1 * g.dS1 + t2 * g.cout);
+        for (int j = 0; j < P; ++j) {
+          const int t2 = c0 + lane + 32 * j;
+          if (t2 >= g.tsp[2]) continue;
+          TO* dp = dplane + (t1 * g.dS1 + t2 * g.cout);
 #pragma unroll
-        for (int co = 0; co < CO; ++co) {
-          if (co < g.cout) {
-            Acc v = acc[r][j][co];
-            if (g.has_bias) v += ToAcc(bias[co]);
-            dp[co] = FromAcc<TO>(Activate(v, g.act));
+          for (int co = 0; co < CO; ++co) {
+            if (co < g.cout) {
+              Acc v = acc[r][j][co];
+              if (g.has_bias) v += ToAcc(bias[co]);
+              dp[co] = FromAcc<TO>(Activate(v, decltype(act_c)::value));
+            }
           }
         }
       }
-    }
+    });
   }
 }
 
@@ -718,7 +739,13 @@ cudaError_t StencilByCh(const StArgs& g, const void* src, const void* w, const v
     if (g.cout <= 16) return LaunchStencil<T, TO, 1, 16, 2, 1>(g, src, w, bias, dst, s, launched);
   } else if (g.cin <= 4) {
     if (g.cout == 1) return LaunchStencil<T, TO, 4, 1, 4, 2>(g, src, w, bias, dst, s, launched);
-    if (g.cout <= 4) return LaunchStencil<T, TO, 4, 4, 4, 2>(g, src, w, bias, dst, s, launched);
+    if (g.cout <= 4) {
+      // fewer than 2 tiles of 32 x 64 per SM (msd's 4 -> 4 at 512^2 is 128): 16 x 64 tiles, twice the blocks in
+      // flight (run 140: 14.1 -> 11.3 µs bf16, 16.2 -> 11.5 f32; 8 x 64 and 16 x 32 tiles took 13-14)
+      const int64_t big = g.n * g.tsp[0] * CeilDiv(g.tsp[1], 32) * CeilDiv(g.tsp[2], 64);
+      if (big < 2 * kPlanSms) return LaunchStencil<T, TO, 4, 4, 2, 2>(g, src, w, bias, dst, s, launched);
+      return LaunchStencil<T, TO, 4, 4, 4, 2>(g, src, w, bias, dst, s, launched);
+    }
   } else if (g.cin <= 16 && g.cout == 1) {
     return LaunchStencil<T, TO, 16, 1, 4, 1>(g, src, w, bias, dst, s, launched);
   }
