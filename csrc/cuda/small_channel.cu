@@ -252,8 +252,8 @@ cudaError_t RunGather(const ScArgs& g, DT in, DT out, const void* src, const voi
 // T taps along W, no W-dilation), once, and reuses it over the T taps: per (row, channel) P*S + T - S source loads and T
 // filter vectors feed T * P * 8 FMAs. The 32 lanes of a warp take consecutive pixel groups (possibly spanning
 // rows: narrow images keep every lane busy) and the same 8 channels, so every filter vector is one
-// warp-uniform load. No shared memory and no barrier: small grids (batch 1, 28x28 images) start computing at
-// once. fwd only (the filter's output channel is its contiguous dim), k % 8 == 0.
+// warp-uniform read of the block's copy of the filter in shared memory. fwd only (the filter's output channel is
+// its contiguous dim), k % 8 == 0.
 constexpr int kRsThreads = 128;
 constexpr int kRsKg = 8;  // output channels per thread
 
@@ -267,8 +267,12 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
   // Window rows per batch: 5 (4 for 7-tap windows) at 2 pixels per thread, where the grid is too small to hide each
   // row's loads; larger P (larger grids) keep one row at a time and their registers (batches of rows spilled there).
   constexpr int RB = P > 2 ? 1 : SEG <= 6 ? 5 : 4;
-  constexpr int WV = KG * sizeof(T) >= 16 ? 16 / static_cast<int>(sizeof(T)) : KG;    // weights per vector load
   constexpr int OV = KG * sizeof(TO) >= 16 ? 16 / static_cast<int>(sizeof(TO)) : KG;  // outputs per store
+  // The whole filter as Acc in shared memory (<= 12288 elements: SmallChannelApplies), read as warp-uniform
+  // broadcasts: from global memory the taps' filter vectors had been a third of the tutorial's stalls (ncu, run 144).
+  extern __shared__ __align__(16) float wsm[];
+  for (int e = threadIdx.x; e < g.ntaps * g.wF; e += kRsThreads) wsm[e] = ToAcc(w[e]);
+  __syncthreads();
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t pix_groups = g.n * g.tsp[0] * g.tsp[1] * ncg;
   const int64_t wstep = static_cast<int64_t>(gridDim.x) * (kRsThreads / 32);
@@ -293,7 +297,7 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
       for (int k = 0; k < KG; ++k) acc[j][k] = 0.f;
     const int c0 = t2 * S + g.beta[2];  // first source column of the segment
     const T* sbase = src + n * g.sN;
-    const T* wk = w + kg * KG;
+    const float* wk = wsm + kg * KG;
     // Window rows in batches of RB: the batch's segments are loaded first, one round trip for RB rows (row by
     // row, the tutorial's warps waited on each row's loads in turn: ncu, DEVICE_RUNS 139), then per row its TW
     // filter vectors (warp-uniform) and the FMAs. A row outside the source is a zero segment, as columns are.
@@ -320,17 +324,11 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
 #pragma unroll
           for (int rr = 0; rr < RB; ++rr) {
             if (f1b + rr >= g.taps[1]) break;  // uniform over the warp
-            const T* wrow = wk + (f0 * g.taps[1] + f1b + rr) * TW * g.wF + ci * g.wCi;
+            const float* wrow = wk + (f0 * g.taps[1] + f1b + rr) * TW * g.wF + ci * g.wCi;
 #pragma unroll
             for (int f2 = 0; f2 < TW; ++f2) {
               Acc wv[KG];
-#pragma unroll
-              for (int v = 0; v < KG / WV; ++v) {
-                Acc part[WV];
-                LdGlobalAcc<T, Acc, WV>(wrow + f2 * g.wF + v * WV, part);
-#pragma unroll
-                for (int e = 0; e < WV; ++e) wv[v * WV + e] = part[e];
-              }
+              LdN<KG>(wrow + f2 * g.wF, wv);  // 16-byte aligned: k % 8 == 0
 #pragma unroll
               for (int j = 0; j < P; ++j)
 #pragma unroll
@@ -373,15 +371,23 @@ cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const 
   const int ncg = static_cast<int>(CeilDiv(g.tsp[2], pp));
   const int64_t warps = warps_of(pp);
   if (warps <= 0) return cudaSuccess;
-  const unsigned blocks = GridX(CeilDiv(warps, kRsThreads / 32));
+  // Every block stages the filter: at most the blocks resident at once, each looping over the warps' work.
+  const size_t smem = static_cast<size_t>(g.ntaps) * static_cast<size_t>(g.wF) * sizeof(float);  // <= 48 KiB
   auto run = [&](auto kern) {
-    kern<<<blocks, kRsThreads, 0, s>>>(g, groups, ncg, warps, static_cast<const T*>(src), static_cast<const T*>(w),
-                                       static_cast<const TO*>(bias), static_cast<TO*>(dst));
+    int per_sm = 0;
+    if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kRsThreads, smem);
+        e != cudaSuccess) {
+      return e;
+    }
+    const int64_t resident = std::max(1, per_sm) * static_cast<int64_t>(MultiprocessorCount());
+    const unsigned blocks = GridX(std::min(CeilDiv(warps, kRsThreads / 32), resident));
+    kern<<<blocks, kRsThreads, smem, s>>>(g, groups, ncg, warps, static_cast<const T*>(src), static_cast<const T*>(w),
+                                          static_cast<const TO*>(bias), static_cast<TO*>(dst));
+    return cudaGetLastError();
   };
-  if (pp == 8) run(ScRowSegKernel<T, TO, 8, TW, S>);
-  else if (pp == 4) run(ScRowSegKernel<T, TO, 4, TW, S>);
-  else run(ScRowSegKernel<T, TO, 2, TW, S>);
-  return cudaGetLastError();
+  if (pp == 8) return run(ScRowSegKernel<T, TO, 8, TW, S>);
+  if (pp == 4) return run(ScRowSegKernel<T, TO, 4, TW, S>);
+  return run(ScRowSegKernel<T, TO, 2, TW, S>);
 }
 
 // Taken for the forward with k % 8 == 0, a (W taps, W stride) of (3, 1), (5, 1), (3, 2) or (7, 2), no W-dilation
