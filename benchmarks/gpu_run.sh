@@ -72,7 +72,7 @@ if [[ " $steps " == *" sanitize "* ]]; then
     # Command buffers off so every launch is a plain one the tool can follow.
     XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
       timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${filter[@]}" \
-      $PY benchmarks/sanitizer_cases.py ${SANITIZE_CASES:-} > "$OUT/sanitize_$tool.log" 2>&1
+      $PY benchmarks/sanitizer_cases.py "${SANITIZE_CASES:-}" > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)
     if [ "$tool" = initcheck ]; then
