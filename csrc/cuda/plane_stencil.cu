@@ -138,31 +138,37 @@ __global__ void __launch_bounds__(kWarps * 32) PlaneFwdKernel(const PlaneArgs g,
   for (int j = 0; j < TH; ++j)
 #pragma unroll
     for (int c = 0; c < kVec; ++c) acc[j][c] = 0.f;
+  // The activation as a template argument: inlined per output, Activate's switch made this short kernel's code
+  // (fetched cold by every SM) several times longer.
+  WithActivation(g.act, [&](auto act_c) {
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float own[kVec], e[kVec + 2 * kMaxHalo];
-    Unpack(raw[m], own);
-    Window<H>(own, e);
+    for (int m = 0; m < M; ++m) {
+      float own[kVec], e[kVec + 2 * kMaxHalo];
+      Unpack(raw[m], own);
+      Window<H>(own, e);
 #pragma unroll
-    for (int r = 0; r < K; ++r) {
-      const int j = m - r;  // source comb row m is tap r of destination row j
-      if (j < 0 || j >= TH) continue;
+      for (int r = 0; r < K; ++r) {
+        const int j = m - r;  // source comb row m is tap r of destination row j
+        if (j < 0 || j >= TH) continue;
 #pragma unroll
-      for (int c = 0; c < kVec; ++c)
+        for (int c = 0; c < kVec; ++c)
 #pragma unroll
-        for (int s = 0; s < K; ++s) acc[j][c] = fmaf(wt[r][s], e[kMaxHalo + c + (s - (K - 1) / 2) * DW], acc[j][c]);
-    }
-    const int jd = m - (K - 1);  // destination row jd has all its taps now
-    if (jd >= 0) {
-      const int yd = p.y0 + jd * g.dh;
-      if (store_col && yd < g.dst_rows) {
-        float v[kVec];
+          for (int s = 0; s < K; ++s) {
+            acc[j][c] = fmaf(wt[r][s], e[kMaxHalo + c + (s - (K - 1) / 2) * DW], acc[j][c]);
+          }
+      }
+      const int jd = m - (K - 1);  // destination row jd has all its taps now
+      if (jd >= 0) {
+        const int yd = p.y0 + jd * g.dh;
+        if (store_col && yd < g.dst_rows) {
+          float v[kVec];
 #pragma unroll
-        for (int c = 0; c < kVec; ++c) v[c] = Activate(acc[jd][c] + b0, g.act);
-        Store8(dbase + static_cast<int64_t>(yd) * g.cols, v);
+          for (int c = 0; c < kVec; ++c) v[c] = Activate(acc[jd][c] + b0, decltype(act_c)::value);
+          Store8(dbase + static_cast<int64_t>(yd) * g.cols, v);
+        }
       }
     }
-  }
+  });
 }
 
 // wgrad: one partial dw (K * K floats) per block into part[blockIdx.x * K * K + f].
