@@ -1045,7 +1045,7 @@ cudaError_t WgByCfg(const ScWgArgs& g, const WgCfg& c, const void* x, const void
 // generic gather wgrad spends ~30 instructions of index arithmetic per FMA on these problems (45 µs for a
 // 1024² 3x3 single-channel filter gradient on the H100, 2026-11-22).
 constexpr int kTw = 128;              // output columns per tile (= threads per block)
-constexpr int kTileAcc = 36;          // partial sums per thread (taps x CB x KB of a slice)
+constexpr int kTileAcc = 36;          // partial sums per thread (taps x CB x KB of a slice; see TwMaxTaps)
 constexpr int64_t kTileSmem = 40 * 1024;
 
 struct TwArgs {
@@ -1056,8 +1056,9 @@ struct TwArgs {
   int64_t xN, xH, dN, dH;             // element strides (channels-last: W stride = c or k)
 };
 
-template <int CB, int KB>
-__host__ __device__ constexpr int TwMaxTaps() { return kTileAcc / (CB * KB); }
+// Taps per slice: kTileAcc / (CB * KB), but 3 for 4 x 4 channel blocks (48 sums): a 3x3 window in 3 slices, not 5
+// (each slice stages its own copy of the x and dy tiles).
+__host__ __device__ constexpr int TwMaxTaps(int cb, int kb) { return cb * kb == 16 ? 3 : kTileAcc / (cb * kb); }
 
 // Floats of the staged x tile, rounded up to 4 so the dy tile after it stays 16-byte aligned (found on the H100:
 // a 9 x 131 x tile put the float4 dy loads off alignment).
@@ -1066,7 +1067,7 @@ __host__ __device__ constexpr int TwXFloats(int xh, int xw, int cb) { return (xh
 template <class T, int CB, int KB>
 __global__ void __launch_bounds__(kTw) TwWgradKernel(const TwArgs g, const T* __restrict__ x,
                                                      const T* __restrict__ dy, float* __restrict__ scratch) {
-  constexpr int NT = TwMaxTaps<CB, KB>();
+  constexpr int NT = TwMaxTaps(CB, KB);
   extern __shared__ __align__(16) float sm[];
   __shared__ float red[kTw / 32][NT * CB * KB];
   float* xs = sm;                                   // [xh][xw][CB]
@@ -1212,7 +1213,7 @@ bool MakeTwArgs(const ConvParams& p, int cbw, int kbw, TwArgs* out) {
   g.ctiles = static_cast<int>(CeilDiv(g.ow, kTw));
   g.tiles = g.n * g.rtiles * g.ctiles;
   const int taps = g.kh * g.kw;
-  g.taps_per = std::min(taps, kTileAcc / (cbw * kbw));
+  g.taps_per = std::min(taps, TwMaxTaps(cbw, kbw));
   g.ntg = static_cast<int>(CeilDiv(taps, g.taps_per));
   g.ncb = g.c / cbw;
   g.nkb = g.k / kbw;
