@@ -191,6 +191,20 @@ inline unsigned GridX(int64_t tiles) {  // grid-stride loops cover the rest
   const int64_t cap = 1 << 30;
   return static_cast<unsigned>(tiles < 1 ? 1 : (tiles > cap ? cap : tiles));
 }
+// Persistent grids: *out = the blocks of `kernel` (threads and dynamic shared memory each) resident on the whole GPU
+// at once, shared among `share` grid columns, at least 1; cudaErrorNotSupported when not even one block fits an SM.
+template <class Kernel>
+cudaError_t ResidentBlocks(Kernel kernel, int threads, size_t smem, int64_t share, int64_t* out) {
+  int per_sm = 0;
+  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (per_sm < 1) return cudaErrorNotSupported;
+  const int64_t r = per_sm * MultiprocessorCount() / share;
+  *out = r < 1 ? 1 : r;
+  return cudaSuccess;
+}
 
 // Expands BODY(T, TO) for the six supported (input, output) dtype pairs; returns cudaErrorInvalidValue for
 // any other pair (the handlers validated the pair before, so this is only a guard).

@@ -448,13 +448,9 @@ cudaError_t Launch(const ConvParams& p, const RowProblem& rp, bool out_f32, cons
     auto launch = [&](auto kern) {
       // Persistent: at most the blocks that fit at once, over all channel tiles (run 125: 5-15 % faster than one
       // block per group of items).
-      int per_sm = 0;
-      if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem);
-          e != cudaSuccess) {
-        return e;
-      }
-      if (per_sm < 1) return cudaErrorNotSupported;
-      const int64_t grid = std::min<int64_t>(blocks, std::max<int64_t>(1, per_sm * MultiprocessorCount() / ctiles));
+      int64_t resident = 0;
+      if (const cudaError_t e = ResidentBlocks(kern, threads, smem, ctiles, &resident); e != cudaSuccess) return e;
+      const int64_t grid = std::min<int64_t>(blocks, resident);
       kern<<<dim3(static_cast<unsigned>(grid), ctiles), threads, smem, s>>>(a, static_cast<const T*>(src),
                                                                           static_cast<const T*>(w), bias, dst);
       return cudaGetLastError();

@@ -878,12 +878,8 @@ cudaError_t LaunchFusedFwd(const Geometry& g, const FusedFwdPlan& f, const void*
           cudaSuccess) {
     return e;
   }
-  int per_sm = 0;
-  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFwThreads, f.smem)) != cudaSuccess) {
-    return e;
-  }
-  if (per_sm < 1) return cudaErrorNotSupported;
-  const int64_t resident = std::max<int64_t>(1, per_sm * MultiprocessorCount() / f.kblocks);
+  int64_t resident = 0;
+  if ((e = ResidentBlocks(kernel, kFwThreads, f.smem, f.kblocks, &resident)) != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(std::min(f.tiles, resident)), static_cast<unsigned>(f.kblocks));
   const int row_count = static_cast<int>(f.tiles / CeilDiv(g.out[2], g.qt));
   kernel<<<grid, kFwThreads, f.smem, s>>>(g, static_cast<const T*>(x), static_cast<const T*>(w),

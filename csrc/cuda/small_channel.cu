@@ -374,12 +374,8 @@ cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const 
   // Every block stages the filter: at most the blocks resident at once, each looping over the warps' work.
   const size_t smem = static_cast<size_t>(g.ntaps) * static_cast<size_t>(g.wF) * sizeof(float);  // <= 48 KiB
   auto run = [&](auto kern) {
-    int per_sm = 0;
-    if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kRsThreads, smem);
-        e != cudaSuccess) {
-      return e;
-    }
-    const int64_t resident = std::max(1, per_sm) * static_cast<int64_t>(MultiprocessorCount());
+    int64_t resident = 0;
+    if (const cudaError_t e = ResidentBlocks(kern, kRsThreads, smem, 1, &resident); e != cudaSuccess) return e;
     const unsigned blocks = GridX(std::min(CeilDiv(warps, kRsThreads / 32), resident));
     kern<<<blocks, kRsThreads, smem, s>>>(g, groups, ncg, warps, static_cast<const T*>(src), static_cast<const T*>(w),
                                           static_cast<const TO*>(bias), static_cast<TO*>(dst));
@@ -729,6 +725,11 @@ cudaError_t LaunchStencil(const StArgs& g0, const void* src, const void* w, cons
   return cudaGetLastError();
 }
 
+// Fewer than two of the stencil's 8R x 32P pixel tiles per SM: small grids take a smaller tile, twice the blocks.
+inline bool FewStencilTiles(const StArgs& g, int r, int p) {
+  return g.n * g.tsp[0] * CeilDiv(g.tsp[1], 8 * r) * CeilDiv(g.tsp[2], 32 * p) < 2 * kPlanSms;
+}
+
 // Channel buckets (CI, CO) and per-thread work R rows x P columns x CO channels (R * P * CO <= 32 accumulators).
 template <class T, class TO>
 cudaError_t StencilByCh(const StArgs& g, const void* src, const void* w, const void* bias, void* dst, cudaStream_t s,
@@ -737,8 +738,7 @@ cudaError_t StencilByCh(const StArgs& g, const void* src, const void* w, const v
   if (g.cin == 1) {
     if (g.cout == 1) {
       // fewer than 2 tiles of 64 x 128 per SM (1024 x 1024 is 128): 64 x 64 tiles, twice the blocks in flight
-      const int64_t big = g.n * g.tsp[0] * CeilDiv(g.tsp[1], 64) * CeilDiv(g.tsp[2], 128);
-      if (big < 2 * kPlanSms) return LaunchStencil<T, TO, 1, 1, 8, 2>(g, src, w, bias, dst, s, launched);
+      if (FewStencilTiles(g, 8, 4)) return LaunchStencil<T, TO, 1, 1, 8, 2>(g, src, w, bias, dst, s, launched);
       return LaunchStencil<T, TO, 1, 1, 8, 4>(g, src, w, bias, dst, s, launched);
     }
     if (g.cout <= 4) return LaunchStencil<T, TO, 1, 4, 4, 2>(g, src, w, bias, dst, s, launched);
@@ -748,8 +748,7 @@ cudaError_t StencilByCh(const StArgs& g, const void* src, const void* w, const v
     if (g.cout <= 4) {
       // fewer than 2 tiles of 32 x 64 per SM (msd's 4 -> 4 at 512^2 is 128): 16 x 64 tiles, twice the blocks in
       // flight (run 140: 14.1 -> 11.3 µs bf16, 16.2 -> 11.5 f32; 8 x 64 and 16 x 32 tiles took 13-14)
-      const int64_t big = g.n * g.tsp[0] * CeilDiv(g.tsp[1], 32) * CeilDiv(g.tsp[2], 64);
-      if (big < 2 * kPlanSms) return LaunchStencil<T, TO, 4, 4, 2, 2>(g, src, w, bias, dst, s, launched);
+      if (FewStencilTiles(g, 4, 2)) return LaunchStencil<T, TO, 4, 4, 2, 2>(g, src, w, bias, dst, s, launched);
       return LaunchStencil<T, TO, 4, 4, 4, 2>(g, src, w, bias, dst, s, launched);
     }
   } else if (g.cin <= 16 && g.cout == 1) {
