@@ -48,7 +48,10 @@ CASES = [
     ("small 16to1 dilated", 2, (1, 67, 71, 16), (3, 3), 1, 1, (1, 1), (2, 2), "SAME", "small"),
     ("small rowseg 3to64 s2", 2, (2, 40, 41, 3), (7, 7), 64, 1, (2, 2), (1, 1), ((3, 3), (3, 3)), "small"),
     ("small rowseg 1to16 hdil", 2, (1, 30, 35, 1), (5, 5), 16, 1, (1, 1), (2, 1), "SAME", "small"),
-    ("small 4to4 stencil", 2, (2, 37, 70, 4), (3, 3), 4, 1, (1, 1), (1, 1), "SAME", "small"),
+    ("small 3to4 stencil", 2, (2, 37, 70, 3), (3, 3), 4, 1, (1, 1), (1, 1), "SAME", "small"),
+    # 4 -> 4 pixel kernels: fwd / dgrad / wgrad; stride 2 (its dgrad on the gather kernel), a partial 3-tap slice
+    ("small 4to4 pixel", 2, (2, 37, 70, 4), (3, 3), 4, 1, (1, 1), (1, 1), "SAME", "small"),
+    ("small 4to4 pixel s2 5x5", 2, (2, 37, 70, 4), (5, 5), 4, 1, (2, 2), (1, 1), ((2, 1), (0, 2)), "small"),
     ("small 1to4 odd tile", 2, (3, 12, 13, 1), (2, 4), 4, 1, (1, 1), (1, 1), ((1, 0), (-1, 4)), "small"),
     ("auto 2d", 2, (2, 12, 12, 3), (3, 3), 16, 1, (1, 1), (2, 2), "SAME", "auto"),
     # tensor cores: bf16 reaches the Hopper kernels, float32 HIGHEST the mma.sync 3xTF32 ones

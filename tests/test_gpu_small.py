@@ -8,9 +8,10 @@ gradients (dgrad with stride 1 takes the same stencil with a flipped filter). Ca
 (fewer than 8 output rows or columns, H-dilation 3, stride 2, k > 16) check the gather kernel, including its
 64-channel bucket split over 4 threads (k = 20, 33). The forward with k % 8 == 0 and 3/5 W taps at W stride 1 or
 3/7 at stride 2 takes the row-segment kernel first (the rs_ cases: each pixels-per-thread plan, narrow rows,
-H-dilation, 3-D, the stem at batch 1). The one-output-channel kernels of plane_stencil.cu come first: c == k == 1
-with W % 8 == 0 and "same" column padding (register stencil, all three ops) and the c -> 1 3x3 forward (also
-reached from the direct family for c > 16).
+H-dilation, 3-D, the stem at batch 1). 4 -> 4 takes the pixel kernels before the stencil and the tiled filter
+gradient (px_ cases: fwd / dgrad at delta 1, wgrad without lhs dilation). The one-output-channel kernels of
+plane_stencil.cu come first: c == k == 1 with W % 8 == 0 and "same" column padding (register stencil, all three
+ops) and the c -> 1 3x3 forward (also reached from the direct family for c > 16).
 Skipped cleanly without CUDA."""
 
 from __future__ import annotations
@@ -103,11 +104,22 @@ CASES = {
     # 3-D: dim 0 is general in the stencil (stride and dilation along D)
     "3d_1to1": ((2, 5, 19, 37, 1), (3, 3, 3), ((1, 1), (1, 1), (2, 2)), (2, 1, 2), (2, 1, 1), 1),
     "3d_4to4": ((1, 4, 17, 33, 4), (2, 3, 3), ((0, 1), (1, 1), (1, 1)), (1, 2, 1), (1, 1, 1), 4),
+    # 4 -> 4 pixel kernels (fwd / dgrad at delta 1: the unrolled 3x3 at unit column stride and dilation, with and
+    # without column checks per segment, or any window at 1 or 2 pixels per thread; 8-row blocks; wgrad: 3-tap
+    # slices, 256-column tiles, row chunks of each image): odd sizes, asymmetric and negative pads, stride 2 (its
+    # dgrad takes the gather kernel), a 5x5 window (a partial 3-tap slice), 7x1 (one tap per slice)
+    "px_4to4_prime_asym_b2": ((2, 61, 97, 4), (3, 3), ((2, 0), (1, 3)), (1, 1), (1, 1), 4),
+    "px_4to4_3x3_wide_inner": ((1, 45, 333, 4), (3, 3), ((1, 1), (0, 2)), (1, 1), (1, 1), 4),
+    "px_4to4_p2_tail": ((1, 517, 520, 4), (3, 3), "SAME", (1, 2), (1, 1), 4),
+    "px_4to4_s2": ((2, 45, 70, 4), (3, 3), "SAME", (1, 1), (2, 2), 4),
+    "px_4to4_5x5_dil2": ((1, 40, 70, 4), (5, 5), "SAME", (2, 2), (1, 1), 4),
+    "px_4to4_chunks_cross_images": ((4, 130, 40, 4), (3, 3), ((1, 1), (0, 2)), (1, 1), (1, 1), 4),
+    "px_4to4_7x1_neg_pad": ((1, 50, 300, 4), (7, 1), ((-1, 3), (0, 0)), (1, 1), (1, 1), 4),
 }
 QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "plane_3x3_b3", "plane_dil8_rowdil3_asym", "plane_5x5_b2",
                      "8to1_valid_b3", "16to1_neg_pad", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
                      "3to2_dil2_valid_b2", "3d_1to1", "fallback_5x7", "3to64_7x7_s2", "rs_4to16_s2_odd",
-                     "rs_3to64_stem_b1"]
+                     "rs_3to64_stem_b1", "px_4to4_prime_asym_b2", "px_4to4_s2"]
 
 
 def _run_case(name, dtype, rng, grads=True):
@@ -150,7 +162,7 @@ def test_small_dtypes(name, dtype, rng):
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
 @pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "plane_3x3_b3", "8to1_valid_b3", "1to16_tutorial",
                                   "4to4_tile_plus1", "16to1_dil2", "3d_1to1", "2to20_partial_chunks",
-                                  "rs_2to64_p2", "rs_1to16_5x5_hdil3"])
+                                  "rs_2to64_p2", "rs_1to16_5x5_hdil3", "px_4to4_p2_tail"])
 def test_small_bias_activation(name, act, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   ns = len(shape) - 2
@@ -168,7 +180,7 @@ def test_small_bias_activation(name, act, rng):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", ["1to1_dil2", "plane_dil2_rows_valid", "1to16_tutorial", "4to1_dil2",
-                                  "rs_2to64_s2_p8", "rs_1to8_5x5_b8"])
+                                  "rs_2to64_s2_p8", "rs_1to8_5x5_b8", "px_4to4_s2", "px_4to4_p2_tail"])
 def test_small_half_inputs_f32_output(name, dtype, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   x = cu.to_gpu(cu.randn(rng, shape, dtype))
@@ -202,10 +214,11 @@ def test_c_to_1_beyond_small_channel(c, shape, padding, dil, dtype, rng):
   cu.assert_close(y, np.maximum(ref + cu.f64(np.asarray(b)), 0), cu.tolerance(dtype), f"c={c} {dtype}")
 
 
-@pytest.mark.parametrize("width", [257, 256])  # 256: the register stencil (its filter gradient reduces per block)
-def test_small_auto_matches_forced_and_is_deterministic(width, rng):
-  x = cu.to_gpu(cu.randn(rng, (2, 131, width, 1), np.float32))
-  w = cu.to_gpu(cu.randn(rng, (3, 3, 1, 1), np.float32))
+# 256: the register stencil (its filter gradient reduces per block); 4 channels: the pixel kernels
+@pytest.mark.parametrize("width,c", [(257, 1), (256, 1), (300, 4)])
+def test_small_auto_matches_forced_and_is_deterministic(width, c, rng):
+  x = cu.to_gpu(cu.randn(rng, (2, 131, width, c), np.float32))
+  w = cu.to_gpu(cu.randn(rng, (3, 3, c, c), np.float32))
   f = functools.partial(jaxconv.conv2d, padding="SAME", dilation=2)
   forced = jax.jit(functools.partial(f, algorithm="small"))
   y1, y2 = np.asarray(forced(x, w)), np.asarray(forced(x, w))
@@ -223,20 +236,28 @@ def test_small_more_than_2_31_elements(width):
   and the middle of the first against a float64 reference on slices."""
   shape = (3, 32767, width, 1)
   assert np.prod(shape, dtype=np.int64) > 2 ** 31
-  _check_sliced_1to1(shape)
+  _check_sliced(shape)
 
 
-def _check_sliced_1to1(shape):
+def test_small_4to4_more_than_2_31_elements():
+  """bf16 4->4 3x3 (the pixel kernel) over 5 images of 16383 x 8192 x 4 (> 2**31 elements, each image < 2**30)."""
+  shape = (5, 16383, 8192, 4)
+  assert np.prod(shape, dtype=np.int64) > 2 ** 31
+  _check_sliced(shape)
+
+
+def _check_sliced(shape):
+  c = shape[-1]
   kx, kw_ = jax.random.split(jax.random.key(1))
   x = jax.random.normal(kx, shape, jnp.bfloat16)
-  w = jax.random.normal(kw_, (3, 3, 1, 1), jnp.bfloat16)
+  w = jax.random.normal(kw_, (3, 3, c, c), jnp.bfloat16)
   y = jax.jit(functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small"))(x, w)
   H, W = shape[1], shape[2]
   w_np = np.asarray(w)
   kw = cu.channels_last_lax_kw(2, (1, 1), "VALID", (1, 1))
   for n, i0, j0 in [(2, H - 5, W - 5), (0, H // 2, W // 2), (2, 0, 0)]:
     # padded 6x6 input window around outputs [i0, i0 + 4) x [j0, j0 + 4)
-    xs = np.zeros((1, 6, 6, 1), np.float64)
+    xs = np.zeros((1, 6, 6, c), np.float64)
     lo_i, lo_j = max(i0 - 1, 0), max(j0 - 1, 0)
     hi_i, hi_j = min(i0 + 5, H), min(j0 + 5, W)
     xs[0, lo_i - (i0 - 1):hi_i - (i0 - 1), lo_j - (j0 - 1):hi_j - (j0 - 1), :] = cu.f64(

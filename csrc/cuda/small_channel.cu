@@ -15,7 +15,8 @@
 // P = 4 pixels). Fused bias + activation epilogue (fwd). Unit stride along H and W with few channels takes the
 // stencil kernel instead (shared-memory tile with halo, register reuse along H; see "stencil fast path"). The
 // forward with k % 8 == 0 and 3/5 W taps at W stride 1 or 3/7 at stride 2 (first layers, the 1 -> 16 tutorial
-// layer) takes the row-segment kernel before both (no shared memory; see "row-segment kernel").
+// layer) takes the row-segment kernel before both (no shared memory; see "row-segment kernel"). 4 -> 4 at delta 1
+// takes the pixel kernel before the stencil (no staging; see "pixel kernels").
 //
 // wgrad: dw[f, ci, kk] = sum_{n, o} x[n, i(o, f), ci] * dy[n, o, kk]. The (tap, k) space is cut into slices of
 // TF taps x KB output channels (all c, padded to CB); a block owns one slice and one chunk of consecutive
@@ -24,7 +25,8 @@
 // its chunk's partial vector to scratch[chunk][welems]. A second kernel adds the chunks per element in a fixed
 // tree order. No atomics: bitwise deterministic. chunks * slices ~ 4 x SMs blocks. Unit stride, at most 2
 // spatial dims, C and K of 1 or multiples of 4, non-f64 take the tiled wgrad instead (spatial tiles staged in
-// shared memory, no per-tap index arithmetic; see "tiled filter gradient").
+// shared memory, no per-tap index arithmetic; see "tiled filter gradient"); 4 -> 4 without lhs dilation takes the
+// pixel filter gradient before both.
 #include <algorithm>
 
 #include "cuda/common.cuh"
@@ -746,8 +748,9 @@ cudaError_t StencilByCh(const StArgs& g, const void* src, const void* w, const v
   } else if (g.cin <= 4) {
     if (g.cout == 1) return LaunchStencil<T, TO, 4, 1, 4, 2>(g, src, w, bias, dst, s, launched);
     if (g.cout <= 4) {
-      // fewer than 2 tiles of 32 x 64 per SM (msd's 4 -> 4 at 512^2 is 128): 16 x 64 tiles, twice the blocks in
-      // flight (run 140: 14.1 -> 11.3 µs bf16, 16.2 -> 11.5 f32; 8 x 64 and 16 x 32 tiles took 13-14)
+      // fewer than 2 tiles of 32 x 64 per SM: 16 x 64 tiles, twice the blocks in flight (run 140, msd's 4 -> 4 at
+      // 512², 128 tiles, before the pixel kernel took 4 -> 4: 14.1 -> 11.3 µs bf16, 16.2 -> 11.5 f32; 8 x 64 and
+      // 16 x 32 tiles took 13-14)
       if (FewStencilTiles(g, 4, 2)) return LaunchStencil<T, TO, 4, 4, 2, 2>(g, src, w, bias, dst, s, launched);
       return LaunchStencil<T, TO, 4, 4, 4, 2>(g, src, w, bias, dst, s, launched);
     }
@@ -1253,6 +1256,362 @@ cudaError_t RunTw(const TwArgs& g, int cbw, int kbw, const void* x, const void* 
   return LaunchTw<T, 4, 4>(g, x, dy, scratch, s);
 }
 
+// ---- pixel kernels: 4 input and 4 output channels (msd's 4 -> 4 layer) ----
+// Forward and data gradient (ScPixelKernel, delta = 1 along every dim): a thread owns P pixels of one row, 32
+// apart (lane + 32 j), and their 4 destination channels; a block's 8 warps own 8 consecutive rows of one
+// 32P-pixel column segment (grid: segments x row tiles x images * tsp0, no index division), so the window rows
+// they share are read through L1 once. Per tap a pixel's 4 source channels are one 8- or 16-byte load straight
+// from global memory (the lanes read consecutive pixels) and the tap's 4 x 4 filter block is a warp-uniform
+// shared-memory read. Nothing is staged per tile and no barrier follows the filter's: the stencil kernel's staged
+// tile (two barriers per tile, scattered shared stores) kept its 2 warps per scheduler waiting (ncu, DEVICE_RUNS
+// 139). 3x3 windows at unit column stride and column dilation +-1 (the forward and the data gradient of an
+// undilated 3x3) are unrolled with the column offsets as constants, and a segment whose window columns all lie
+// inside the source row loads without checks.
+constexpr int kPxThreads = 256;
+constexpr int kPxRows = kPxThreads / 32;
+constexpr int64_t kPxSmemMax = 48 * 1024;
+
+// K = 3, G2 = +-1: the 3x3 window with alpha2 = 1, gamma2 = G2; K = 0: any window (G2 unused).
+template <class T, class TO, int P, int K, int G2>
+__global__ void __launch_bounds__(kPxThreads, 4) ScPixelKernel(const ScArgs g, const T* __restrict__ src,
+                                                               const T* __restrict__ w, const TO* __restrict__ bias,
+                                                               TO* __restrict__ dst) {
+  extern __shared__ __align__(16) float pwt[];  // [ntaps][ci][co], 4 x 4 per tap
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int e = tid; e < g.ntaps * 16; e += kPxThreads) {
+    const int co = e & 3, ci = (e >> 2) & 3, f = e >> 4;
+    pwt[e] = ToAcc(w[static_cast<int64_t>(f) * g.wF + ci * g.wCi + co * g.wCo]);
+  }
+  __syncthreads();
+  const int t1 = static_cast<int>(blockIdx.y) * kPxRows + warp;
+  if (t1 >= g.tsp[1]) return;  // no barrier follows
+  const int64_t n = blockIdx.z / g.tsp[0];
+  const int t0 = static_cast<int>(blockIdx.z - n * g.tsp[0]);
+  const int s0 = static_cast<int>(blockIdx.x) * 32 * P;  // the segment's first destination pixel
+  const int c0 = s0 + lane;
+  float acc[P][4];
+#pragma unroll
+  for (int j = 0; j < P; ++j)
+#pragma unroll
+    for (int co = 0; co < 4; ++co) acc[j][co] = 0.f;
+  auto fma16 = [&](const float (&xv)[4], const float* wq, float (&a)[4]) {
+    float wv[16];
+    LdN<16>(wq, wv);
+#pragma unroll
+    for (int ci = 0; ci < 4; ++ci)
+#pragma unroll
+      for (int co = 0; co < 4; ++co) a[co] = fmaf(xv[ci], wv[4 * ci + co], a[co]);
+  };
+  const T* sb = src + n * g.sN;
+  if constexpr (K == 3) {
+    const int qb = c0 + g.beta[2];  // source column of tap 0, pixel 0
+    const int lo = s0 + g.beta[2] + (G2 < 0 ? -2 : 0), hi = s0 + 32 * P - 1 + g.beta[2] + (G2 > 0 ? 2 : 0);
+    auto body = [&](auto inner_c) {
+      constexpr bool kInner = decltype(inner_c)::value;
+      unsigned cv = 0;  // bit 3j + f2: column of (pixel j, tap f2) inside the row
+#pragma unroll
+      for (int j = 0; j < P; ++j)
+#pragma unroll
+        for (int f2 = 0; f2 < 3; ++f2)
+          cv |= static_cast<unsigned>(static_cast<unsigned>(qb + 32 * j + f2 * G2) < static_cast<unsigned>(g.lim[2]))
+                << (3 * j + f2);
+      for (int f0 = 0; f0 < g.taps[0]; ++f0) {
+        const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], 1, g.lim[0]);
+        if (q0 < 0) continue;
+#pragma unroll
+        for (int f1 = 0; f1 < 3; ++f1) {
+          const int q1 = t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1];
+          if (static_cast<unsigned>(q1) >= static_cast<unsigned>(g.lim[1])) continue;  // uniform over the warp
+          const T* rp = sb + (q0 * g.sS[0] + q1 * g.sS[1]) + 4 * static_cast<int64_t>(qb);
+          const float* wf = pwt + (f0 * 3 + f1) * 48;
+#pragma unroll
+          for (int f2 = 0; f2 < 3; ++f2) {
+#pragma unroll
+            for (int j = 0; j < P; ++j) {
+              float xv[4] = {0.f, 0.f, 0.f, 0.f};
+              if (kInner || ((cv >> (3 * j + f2)) & 1u)) LdGlobalAcc<T, float, 4>(rp + 4 * (32 * j + f2 * G2), xv);
+              fma16(xv, wf + 16 * f2, acc[j]);
+            }
+          }
+        }
+      }
+    };
+    if (lo >= 0 && hi < g.lim[2]) body(std::true_type{});
+    else body(std::false_type{});
+  } else {
+    for (int f0 = 0; f0 < g.taps[0]; ++f0) {
+      const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], 1, g.lim[0]);
+      if (q0 < 0) continue;
+      for (int f1 = 0; f1 < g.taps[1]; ++f1) {
+        const int q1 = t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1];
+        if (static_cast<unsigned>(q1) >= static_cast<unsigned>(g.lim[1])) continue;  // uniform over the warp
+        const T* rowp = sb + (q0 * g.sS[0] + q1 * g.sS[1]);
+        const float* wf = pwt + (f0 * g.taps[1] + f1) * g.taps[2] * 16;
+        for (int f2 = 0; f2 < g.taps[2]; ++f2) {
+          const int qb = c0 * g.alpha[2] + g.beta[2] + f2 * g.gamma[2];
+#pragma unroll
+          for (int j = 0; j < P; ++j) {
+            const int q2 = qb + 32 * j * g.alpha[2];
+            float xv[4] = {0.f, 0.f, 0.f, 0.f};
+            if (static_cast<unsigned>(q2) < static_cast<unsigned>(g.lim[2])) {
+              LdGlobalAcc<T, float, 4>(rowp + 4 * q2, xv);
+            }
+            fma16(xv, wf + 16 * f2, acc[j]);
+          }
+        }
+      }
+    }
+  }
+  TO* drow = dst + n * g.dN + (t0 * g.dS[0] + t1 * g.dS[1]);
+  WithActivation(g.act, [&](auto act_c) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int t2 = c0 + 32 * j;
+      if (t2 >= g.tsp[2]) break;
+      float v[4];
+#pragma unroll
+      for (int co = 0; co < 4; ++co) {
+        v[co] = acc[j][co] + (g.has_bias ? ToAcc(bias[co]) : 0.f);
+        v[co] = Activate(v[co], decltype(act_c)::value);
+      }
+      StGlobal<TO, float, 4>(drow + 4 * t2, v);
+    }
+  });
+}
+
+template <class T, class TO, int P, int K, int G2>
+cudaError_t LaunchPixel(const ScArgs& g, const void* src, const void* w, const void* bias, void* dst, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(CeilDiv(g.tsp[2], 32 * P)), static_cast<unsigned>(CeilDiv(g.tsp[1], kPxRows)),
+                  static_cast<unsigned>(g.n * g.tsp[0]));
+  const size_t smem = static_cast<size_t>(g.ntaps) * 16 * sizeof(float);
+  ScPixelKernel<T, TO, P, K, G2><<<grid, kPxThreads, smem, s>>>(g, static_cast<const T*>(src),
+                                                                static_cast<const T*>(w),
+                                                                static_cast<const TO*>(bias), static_cast<TO*>(dst));
+  return cudaGetLastError();
+}
+
+// The pixel kernel when g fits it (4 -> 4 channels, channels-last pixels, delta = 1, float accumulation, the
+// filter in 48 KiB, 16-byte aligned buffers, a grid within CUDA's y and z limits), else nothing (*launched =
+// false).
+cudaError_t RunPixel(const ScArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
+                     cudaStream_t s, bool* launched) {
+  *launched = false;
+  if (g.cin != 4 || g.cout != 4 || !IsF32AccPair(in, out)) return cudaSuccess;
+  for (int d = 0; d < 3; ++d) {
+    if (g.delta[d] != 1) return cudaSuccess;
+  }
+  if (g.sS[2] != 4 || g.dS[2] != 4 || g.ntaps * 16 * static_cast<int64_t>(sizeof(float)) > kPxSmemMax) {
+    return cudaSuccess;
+  }
+  if (!Aligned16(src) || !Aligned16(dst)) return cudaSuccess;
+  if (CeilDiv(g.tsp[1], kPxRows) > 65535 || g.n * g.tsp[0] > 65535) return cudaSuccess;
+  *launched = true;
+  if (g.n * g.tsp[0] * g.tsp[1] * g.tsp[2] <= 0) return cudaSuccess;
+  // The unrolled 3x3 at 2 pixels per thread (run 153, msd's 512² layer: 5.5 µs; 4 pixels 6.5, the general loop
+  // 7.0); other windows 2 pixels per thread while that leaves the busy-warp count, else 1.
+  const bool k3 = g.taps[1] == 3 && g.taps[2] == 3 && g.alpha[2] == 1 && (g.gamma[2] == 1 || g.gamma[2] == -1);
+  const bool two = g.n * g.tsp[0] * g.tsp[1] * CeilDiv(g.tsp[2], 64) >= kBusyWarps;
+  return WithF32AccTypes(in, out, [&](auto t, auto to) {
+    using T = decltype(t);
+    using TO = decltype(to);
+    if (k3) {
+      return g.gamma[2] > 0 ? LaunchPixel<T, TO, 2, 3, 1>(g, src, w, bias, dst, s)
+                            : LaunchPixel<T, TO, 2, 3, -1>(g, src, w, bias, dst, s);
+    }
+    return two ? LaunchPixel<T, TO, 2, 0, 0>(g, src, w, bias, dst, s)
+               : LaunchPixel<T, TO, 1, 0, 0>(g, src, w, bias, dst, s);
+  });
+}
+
+// Filter gradient (ScPixelWgradKernel, no lhs dilation): dw[f, ci, co] = sum_{n, o} x[n, o*s - pad + f*d, ci] *
+// dy[n, o, co]. A block owns one slice (one window row (f0, f1) and kPxTaps consecutive taps along the last dim:
+// 3 x 16 = 48 sums per thread), one tile of 256 output columns (thread = column) and one chunk of output rows of
+// one (image, out0) plane; a thread walks its column down the chunk with pointer steps, loading dy's 4 channels
+// and the slice's x pixels straight from global memory for 48 FMAs per row. A tap whose x column lies outside the
+// row reads a clamped column and its sums are zeroed after the walk (the column is fixed per thread), so the walk
+// has no per-load checks. The block's sums are reduced in a fixed order (a halving butterfly within each warp,
+// then the 8 warps in order) into scratch[tile][welems]; ScReduceKernel adds the tiles (bitwise deterministic).
+// The tiled filter gradient staged x and dy element by element for each of its 128-column tiles and 3 slices.
+constexpr int kPxTaps = 3;
+
+struct PxWgArgs {
+  int64_t xN, dN, blocks, welems;
+  int osp[3], in[3], taps[3], stride[3], pad[3], rdil[3];
+  int xS0, xS1, dS0, dS1;  // channels-last: the pixel stride along the last dim is 4
+  int planes, ctiles, per_chunk, rchunks, tgroups, nslices;  // planes = n * out0; rchunks = chunks per plane
+};
+
+// Sum of v[L] over the warp, halving: at offset O a lane adds its partner's half of the live entries it keeps
+// (upper half where lane & O), while L is even; an odd L is summed whole. Afterwards the lane holds, in v[0, L'),
+// the warp's sums of entries [*base, *base + L'); lanes that differ only in the bits of whole-sum offsets hold
+// the same values.
+template <int L, int O>
+__device__ __forceinline__ void WarpHalvingSum(float* v, int lane, int* base) {
+  if constexpr (O >= 1) {
+    if constexpr (L % 2 == 0) {
+      constexpr int H = L / 2;
+      const bool up = (lane & O) != 0;
+#pragma unroll
+      for (int i = 0; i < H; ++i) {
+        const float send = up ? v[i] : v[i + H], keep = up ? v[i + H] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+      }
+      if (up) *base += H;
+      WarpHalvingSum<H, O / 2>(v, lane, base);
+    } else {
+#pragma unroll
+      for (int i = 0; i < L; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], O);
+      WarpHalvingSum<L, O / 2>(v, lane, base);
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kPxThreads, 2) ScPixelWgradKernel(const PxWgArgs g, const T* __restrict__ x,
+                                                                    const T* __restrict__ dy,
+                                                                    float* __restrict__ scratch) {
+  constexpr int E = kPxTaps * 16;
+  static_assert(E == 48, "the halving sum below leaves 3 sums per lane pair");
+  __shared__ float red[kPxRows][E];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int64_t b = blockIdx.x; b < g.blocks; b += gridDim.x) {
+    int64_t rem = b;
+    const int slice = static_cast<int>(rem % g.nslices); rem /= g.nslices;
+    const int ctile = static_cast<int>(rem % g.ctiles); rem /= g.ctiles;
+    const int rc = static_cast<int>(rem % g.rchunks); rem /= g.rchunks;
+    const int plane = static_cast<int>(rem);
+    const int64_t tile = (static_cast<int64_t>(plane) * g.rchunks + rc) * g.ctiles + ctile;
+    const int tg = slice % g.tgroups, f01 = slice / g.tgroups;
+    const int f1 = f01 % g.taps[1], f0 = f01 / g.taps[1];
+    const int fs = tg * kPxTaps;
+    const int n = plane / g.osp[0], o0 = plane - n * g.osp[0];
+    const int i0 = o0 * g.stride[0] - g.pad[0] + f0 * g.rdil[0];
+    const int o2 = ctile * kPxThreads + tid;
+    const int r_begin = rc * g.per_chunk, r_end = min(g.osp[1], r_begin + g.per_chunk);
+    float acc[kPxTaps][4][4];
+#pragma unroll
+    for (int t = 0; t < kPxTaps; ++t)
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[t][a][c] = 0.f;
+    if (o2 < g.osp[2] && static_cast<unsigned>(i0) < static_cast<unsigned>(g.in[0])) {
+      bool v2[kPxTaps];
+      int xo[kPxTaps];  // element offset of tap t's (clamped) column
+#pragma unroll
+      for (int t = 0; t < kPxTaps; ++t) {
+        const int i2 = o2 * g.stride[2] - g.pad[2] + (fs + t) * g.rdil[2];
+        v2[t] = fs + t < g.taps[2] && static_cast<unsigned>(i2) < static_cast<unsigned>(g.in[2]);
+        xo[t] = 4 * (v2[t] ? i2 : 0);
+      }
+      int i1 = r_begin * g.stride[1] - g.pad[1] + f1 * g.rdil[1];
+      const T* pd = dy + n * g.dN + (o0 * g.dS0 + r_begin * g.dS1 + 4 * o2);
+      const T* px = x + n * g.xN + i0 * g.xS0;  // the x plane; row i1 added per valid row
+      const int xstep = g.stride[1];
+#pragma unroll 4
+      for (int o1 = r_begin; o1 < r_end; ++o1, i1 += xstep, pd += g.dS1) {
+        if (static_cast<unsigned>(i1) >= static_cast<unsigned>(g.in[1])) continue;  // uniform over the block
+        const T* xr = px + i1 * g.xS1;
+        float dv[4], xv[kPxTaps][4];
+        LdGlobalAcc<T, float, 4>(pd, dv);
+#pragma unroll
+        for (int t = 0; t < kPxTaps; ++t) LdGlobalAcc<T, float, 4>(xr + xo[t], xv[t]);
+#pragma unroll
+        for (int t = 0; t < kPxTaps; ++t)
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[t][a][c] = fmaf(xv[t][a], dv[c], acc[t][a][c]);
+      }
+#pragma unroll
+      for (int t = 0; t < kPxTaps; ++t)
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[t][a][c] = v2[t] ? acc[t][a][c] : 0.f;
+    }
+    float* v = &acc[0][0][0];
+    int base = 0;
+    WarpHalvingSum<E, 16>(v, lane, &base);  // 48 -> 24 -> 12 -> 6 -> 3 entries, then lane pairs sum whole
+    __syncthreads();  // the previous block's readers of red are done
+    if ((lane & 1) == 0) {
+#pragma unroll
+      for (int i = 0; i < E / 16; ++i) red[warp][base + i] = v[i];
+    }
+    __syncthreads();
+    if (tid < E) {
+      const int t = tid / 16;
+      if (fs + t < g.taps[2]) {
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < kPxRows; ++w) s += red[w][tid];
+        const int64_t f = (static_cast<int64_t>(f0) * g.taps[1] + f1) * g.taps[2] + fs + t;
+        scratch[tile * g.welems + f * 16 + tid % 16] = s;
+      }
+    }
+  }
+}
+
+// The pixel filter gradient's plan for p (false where it does not apply): 4 -> 4 channels-last, no lhs dilation,
+// float partial sums, at least 32 output columns. Row chunks such that slices x column tiles x chunks is about 2
+// blocks per SM (msd's 512² layer with its reduction: 10.3 µs at 2, 12.8 at 4, 12.1 at 1 in run 152; 9.1 at 2,
+// 11.1 at 3 in run 153).
+bool PixelWgradPlan(const ConvParams& p, DT in, PxWgArgs* out) {
+  if (in == DT::kF64 || p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
+  if (p.c[0] != 4 || p.k[0] != 4 || p.out[2] < 32) return false;
+  if (p.in[0] < 1 || p.in[1] < 1 || p.in[2] < 1) return false;  // a clamped column must exist
+  PxWgArgs g{};
+  for (int d = 0; d < 3; ++d) {
+    if (p.lhs_dil[d] != 1) return false;
+    g.osp[d] = static_cast<int>(p.out[d]);
+    g.in[d] = static_cast<int>(p.in[d]);
+    g.taps[d] = static_cast<int>(p.win[d]);
+    g.stride[d] = static_cast<int>(p.stride[d]);
+    g.pad[d] = static_cast<int>(p.pad_lo[d]);
+    g.rdil[d] = static_cast<int>(p.rhs_dil[d]);
+  }
+  const int64_t planes = p.n[0] * p.out[0];
+  if (planes <= 0 || p.out[1] <= 0 || planes >= (int64_t(1) << 30)) return false;
+  const Strides5 xs = XStrides(p), ys = YStrides(p);
+  g.xN = xs.s[0]; g.xS0 = static_cast<int>(xs.s[2]); g.xS1 = static_cast<int>(xs.s[3]);
+  g.dN = ys.s[0]; g.dS0 = static_cast<int>(ys.s[2]); g.dS1 = static_cast<int>(ys.s[3]);
+  g.welems = WElements(p);
+  g.planes = static_cast<int>(planes);
+  g.tgroups = static_cast<int>(CeilDiv(p.win[2], kPxTaps));
+  g.nslices = static_cast<int>(p.win[0] * p.win[1]) * g.tgroups;
+  g.ctiles = static_cast<int>(CeilDiv(p.out[2], kPxThreads));
+  const int64_t want = CeilDiv(2 * kPlanSms, static_cast<int64_t>(g.nslices) * g.ctiles * planes);
+  g.per_chunk = static_cast<int>(CeilDiv(p.out[1], std::min<int64_t>(std::max<int64_t>(want, 1), p.out[1])));
+  g.rchunks = static_cast<int>(CeilDiv(p.out[1], g.per_chunk));
+  const int64_t tiles = planes * g.rchunks * g.ctiles;
+  g.blocks = tiles * g.nslices;
+  if (tiles * g.welems * 4 > (int64_t(1) << 28)) return false;  // scratch
+  *out = g;
+  return true;
+}
+
+// Partial vectors the pixel filter gradient writes (its scratch holds this many times welems floats).
+int64_t PixelWgradTiles(const PxWgArgs& g) { return static_cast<int64_t>(g.planes) * g.rchunks * g.ctiles; }
+
+// Launches the pixel filter gradient; *launched = false (nothing run) for buffers not 16-byte aligned.
+cudaError_t RunPixelWgrad(const PxWgArgs& g, DT in, const void* x, const void* dy, void* scratch, cudaStream_t s,
+                          bool* launched) {
+  *launched = Aligned16(x) && Aligned16(dy);
+  if (!*launched) return cudaSuccess;
+  auto go = [&](auto t) {
+    using T = decltype(t);
+    ScPixelWgradKernel<T><<<GridX(g.blocks), kPxThreads, 0, s>>>(g, static_cast<const T*>(x),
+                                                                  static_cast<const T*>(dy),
+                                                                  static_cast<float*>(scratch));
+    return cudaGetLastError();
+  };
+  switch (in) {
+    case DT::kBF16: return go(__nv_bfloat16{});
+    case DT::kF16: return go(__half{});
+    default: return go(float{});
+  }
+}
+
 }  // namespace
 
 cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
@@ -1291,6 +1650,7 @@ cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, c
     return e;
   }
   if (const cudaError_t e = RunRowSeg(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
+  if (const cudaError_t e = RunPixel(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
   if (const cudaError_t e = RunStencil(g, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) return e;
   const cudaError_t e = RunGather(g, in, out, x, w, bias, y, s, &launched);
   if (e != cudaSuccess || launched) return e;
@@ -1328,6 +1688,9 @@ cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy
   if (const cudaError_t e = PlaneStencilDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
     return e;
   }
+  if (const cudaError_t e = RunPixel(g, in, out, dy, w, nullptr, dx, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
   if (const cudaError_t e = RunStencil(g, in, out, dy, w, nullptr, dx, s, &launched); e != cudaSuccess || launched) return e;
   const cudaError_t e = RunGather(g, in, out, dy, w, nullptr, dx, s, &launched);
   if (e != cudaSuccess || launched) return e;
@@ -1337,6 +1700,8 @@ cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy
 int64_t SmallChannelWgradChunks(const ConvParams& p, DT in) {
   if (WElements(p) <= 0) return 0;
   if (PlaneStencilApplies(p, in)) return PlaneWgradBlocks(p);
+  PxWgArgs px{};
+  if (PixelWgradPlan(p, in, &px)) return PixelWgradTiles(px);
   TwArgs t{};
   int cbw = 0, kbw = 0;
   if (TiledWgradPlan(p, in, &t, &cbw, &kbw)) return t.tiles;
@@ -1351,6 +1716,7 @@ cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x,
   const size_t need = static_cast<size_t>(chunks) * static_cast<size_t>(welems) * AccBytes(in);
   if (scratch == nullptr || scratch_bytes < need) return DirectWgrad(p, in, out, x, dy, dw, nullptr, 1, s);
   TwArgs t{};
+  PxWgArgs px{};
   int cbw = 0, kbw = 0;
   cudaError_t e = cudaSuccess;
   if (PlaneStencilApplies(p, in)) {
@@ -1358,6 +1724,10 @@ cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x,
     e = PlaneStencilWgrad(p, in, x, dy, static_cast<float*>(scratch), s, &launched);
     // Not taken only for unaligned buffers; the scratch is sized for the plane's partials, so run unsplit.
     if (e == cudaSuccess && !launched) return DirectWgrad(p, in, out, x, dy, dw, nullptr, 1, s);
+  } else if (PixelWgradPlan(p, in, &px)) {
+    bool launched = false;
+    e = RunPixelWgrad(px, in, x, dy, scratch, s, &launched);
+    if (e == cudaSuccess && !launched) return DirectWgrad(p, in, out, x, dy, dw, nullptr, 1, s);  // as above
   } else if (TiledWgradPlan(p, in, &t, &cbw, &kbw)) {
     switch (in) {
       case DT::kBF16: e = RunTw<__nv_bfloat16>(t, cbw, kbw, x, dy, scratch, s); break;
