@@ -1257,16 +1257,15 @@ cudaError_t RunTw(const TwArgs& g, int cbw, int kbw, const void* x, const void* 
 }
 
 // ---- pixel kernels: 4 input and 4 output channels (msd's 4 -> 4 layer) ----
-// Forward and data gradient (ScPixelKernel, delta = 1 along every dim): a thread owns P pixels of one row, 32
-// apart (lane + 32 j), and their 4 destination channels; a block's 8 warps own 8 consecutive rows of one
-// 32P-pixel column segment (grid: segments x row tiles x images * tsp0, no index division), so the window rows
-// they share are read through L1 once. Per tap a pixel's 4 source channels are one 8- or 16-byte load straight
-// from global memory (the lanes read consecutive pixels) and the tap's 4 x 4 filter block is a warp-uniform
-// shared-memory read. Nothing is staged per tile and no barrier follows the filter's: the stencil kernel's staged
-// tile (two barriers per tile, scattered shared stores) kept its 2 warps per scheduler waiting (ncu, DEVICE_RUNS
-// 139). 3x3 windows at unit column stride and column dilation +-1 (the forward and the data gradient of an
-// undilated 3x3) are unrolled with the column offsets as constants, and a segment whose window columns all lie
-// inside the source row loads without checks.
+// Forward and data gradient (ScPixelKernel, delta = 1 along every dim): a thread owns P pixels of one row, 32 apart
+// (lane + 32 j), and their 4 destination channels; a block's 8 warps own 8 consecutive rows of one 32P-pixel column
+// segment (grid: segments x row tiles x images * tsp0, one division per block), so the rows of the window they share
+// are read through L1 once. Per tap a pixel's 4 source channels are one 8- or 16-byte load straight from global memory
+// (the lanes read consecutive pixels) and the tap's 4 x 4 filter block is a warp-uniform shared-memory read. Nothing is
+// staged per tile and no barrier follows the filter's: the stencil kernel's staged tile (two barriers per tile,
+// scattered shared stores) kept its 2 warps per scheduler waiting (ncu, DEVICE_RUNS 139). 3x3 windows at unit column
+// stride and column dilation +-1 (the forward and the data gradient of an undilated 3x3) are unrolled with the column
+// offsets as constants, and a segment whose window columns all lie inside the source row loads without checks.
 constexpr int kPxThreads = 256;
 constexpr int kPxRows = kPxThreads / 32;
 constexpr int64_t kPxSmemMax = 48 * 1024;
