@@ -1593,22 +1593,17 @@ bool PixelWgradPlan(const ConvParams& p, DT in, PxWgArgs* out) {
 int64_t PixelWgradTiles(const PxWgArgs& g) { return static_cast<int64_t>(g.planes) * g.rchunks * g.ctiles; }
 
 // Launches the pixel filter gradient; *launched = false (nothing run) for buffers not 16-byte aligned.
-cudaError_t RunPixelWgrad(const PxWgArgs& g, DT in, const void* x, const void* dy, void* scratch, cudaStream_t s,
-                          bool* launched) {
+cudaError_t RunPixelWgrad(const PxWgArgs& g, DT in, DT out, const void* x, const void* dy, void* scratch,
+                          cudaStream_t s, bool* launched) {
   *launched = Aligned16(x) && Aligned16(dy);
   if (!*launched) return cudaSuccess;
-  auto go = [&](auto t) {
+  return WithF32AccTypes(in, out, [&](auto t, auto) {
     using T = decltype(t);
     ScPixelWgradKernel<T><<<GridX(g.blocks), kPxThreads, 0, s>>>(g, static_cast<const T*>(x),
                                                                   static_cast<const T*>(dy),
                                                                   static_cast<float*>(scratch));
     return cudaGetLastError();
-  };
-  switch (in) {
-    case DT::kBF16: return go(__nv_bfloat16{});
-    case DT::kF16: return go(__half{});
-    default: return go(float{});
-  }
+  });
 }
 
 }  // namespace
@@ -1725,7 +1720,7 @@ cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x,
     if (e == cudaSuccess && !launched) return DirectWgrad(p, in, out, x, dy, dw, nullptr, 1, s);
   } else if (PixelWgradPlan(p, in, &px)) {
     bool launched = false;
-    e = RunPixelWgrad(px, in, x, dy, scratch, s, &launched);
+    e = RunPixelWgrad(px, in, out, x, dy, scratch, s, &launched);
     if (e == cudaSuccess && !launched) return DirectWgrad(p, in, out, x, dy, dw, nullptr, 1, s);  // as above
   } else if (TiledWgradPlan(p, in, &t, &cbw, &kbw)) {
     switch (in) {
