@@ -24,6 +24,9 @@ def test_quick_benchmark_runs_and_writes_its_reports(tmp_path):
     for impl in ("jaxconv", "lax"):
       t = r["impls"][impl].get("time_s")
       assert t is not None and t > 0, (r["case"]["name"], impl, r["impls"][impl])
+      # Timed between the in-stream marks; the marks are not counted as jaxconv's calls.
+      assert r["impls"][impl]["timing"] == "stream marks"
+      assert not any("hlo_" in f for f in r["impls"][impl].get("flags", [])), r["impls"][impl]["flags"]
     # Both sides computed the same convolution on the same inputs.
     assert r["rel_err"] < 2e-2, (r["case"]["name"], r["dtype"], r["rel_err"])
   # The recorded command names no directory outside the working one (here: the --out temp dir).
@@ -94,7 +97,7 @@ def test_one_timing_source_per_ratio():
   no_prof = choose_sources({"jaxconv": good, "lax": poor}, {"jaxconv": prof["jaxconv"], "lax": {"ok": False}}, 8,
                            tmax)
   assert no_prof["jaxconv"][2] == "fit"
-  assert no_prof["lax"][2] in ("min-fit", "upper-bound(min wall/T)")
+  assert no_prof["lax"][2] in ("min-fit", "upper-bound(min time/T)")
   if no_prof["lax"][2].startswith("upper"):
     assert no_prof["lax"][0] == pytest.approx(2e-3 / 8)
 

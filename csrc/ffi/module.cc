@@ -9,6 +9,7 @@
 
 #include "algorithms.h"
 #include "conv_params.h"
+#include "ffi/stream_timer.h"
 #include "xla/ffi/api/api.h"
 
 #ifdef JAXCONV_WITH_CUDA
@@ -61,12 +62,14 @@ PYBIND11_MODULE(_jaxconv_native, m) {
         cpu["jaxconv_fwd"] = Capsule(&JaxconvFwdCpu);
         cpu["jaxconv_dgrad"] = Capsule(&JaxconvDgradCpu);
         cpu["jaxconv_wgrad"] = Capsule(&JaxconvWgradCpu);
+        cpu["jaxconv_timer_mark"] = Capsule(&JaxconvTimerMarkCpu);
         regs["cpu"] = cpu;
 #ifdef JAXCONV_WITH_CUDA
         py::dict cuda;
         cuda["jaxconv_fwd"] = Capsule(&JaxconvFwdCuda);
         cuda["jaxconv_dgrad"] = Capsule(&JaxconvDgradCuda);
         cuda["jaxconv_wgrad"] = Capsule(&JaxconvWgradCuda);
+        cuda["jaxconv_timer_mark"] = Capsule(&JaxconvTimerMarkCuda);
         regs["CUDA"] = cuda;
 #endif
         return regs;
@@ -121,6 +124,21 @@ PYBIND11_MODULE(_jaxconv_native, m) {
       py::arg("op"), py::arg("params"), py::arg("dtype"), py::arg("out_dtype"),
       "Bytes of device workspace the CUDA kernels of `op` ('fwd', 'dgrad', 'wgrad') need for the packed "
       "params and the operand and result dtype names; 0 without CUDA.");
+
+  // The benchmarks' in-stream timer (stream_timer.h).
+  m.def("timer_create", &jaxconv::TimerCreate, "A new id for jaxconv_timer_mark's `timer` attribute.");
+  m.def(
+      "timer_elapsed_us",
+      [](int64_t id) {
+        std::string err;
+        const double us = jaxconv::TimerElapsedUs(id, &err);
+        if (!err.empty()) throw py::value_error("timer_elapsed_us: " + err);
+        return us;
+      },
+      py::arg("id"),
+      "Microseconds between the last start (slot 0) and end (slot 1) marks of the timer: CUDA event time on the "
+      "GPU (waits for the end mark), host steady-clock time on the CPU.");
+  m.def("timer_release", &jaxconv::TimerRelease, py::arg("id"), "Frees the timer's events.");
 
   m.def(
       "build_info",

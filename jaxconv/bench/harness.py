@@ -2,9 +2,11 @@
 
 For each implementation and each T in Ts, one jitted function applies the op to T distinct input sets (distinct
 random data, passed as arguments so nothing is constant-folded) and returns every output (so nothing is dead-code
-eliminated or CSE'd; the compiled HLO is checked for the expected number of jaxconv custom calls). Wall time of
-call + block_until_ready is sampled over repeats, interleaving T values and implementations, after warm-up. The
-least-squares slope of wall = a + b*T is the device time per op, with a t-interval.
+eliminated or CSE'd; the compiled HLO is checked for the expected number of jaxconv custom calls). Each call is
+timed on the device by in-stream marks around its T ops (stream_timer.py: CUDA events on the GPU), over repeats,
+interleaving T values and implementations, after warm-up. The least-squares slope of time = a + b*T is the device
+time per op, with a t-interval. (The wall time of call + block_until_ready, the method before the marks, also grew
+by the host's dispatch work per input set; it stays the measure when the extension lacks the marks.)
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 import numpy as np
 
 from . import cases as _cases
+from . import stream_timer
 from .stats import fit_samples
 from .trace import profile_device_time
 
@@ -163,6 +166,16 @@ def _rel_err(a, b):
 def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), repeats=10, min_repeats=3,
                budget_s=20.0, mem_budget=8 << 30, profile="auto", seed=0, log=None):
     """Times one (case, dtype, op) for every implementation. Returns a result dict (see report.py for the schema)."""
+    timers = []
+    try:
+        return _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_budget, profile, seed,
+                           timers)
+    finally:
+        for timer in timers:
+            timer.release()
+
+
+def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_budget, profile, seed, timers):
     import jax
     op = _cases.canon_op(op)
     _, _, itemsize = _cases.dtype_info(dtype)
@@ -182,17 +195,30 @@ def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), r
     res = dict(impls={}, Ts=list(Ts), notes=notes)
     compiled, fns = {}, {}
 
+    use_marks = stream_timer.available()
+
     def compile_one(impl, T):
         r = res["impls"][impl]
         name = f"bench_{impl}_{re.sub('[^a-z0-9]', '', op)}_t{T}_u{_UID[0]}"
         t0 = time.perf_counter()
-        c = jax.jit(batched(fns[impl], T, name)).lower(sets[:T]).compile()
+        fn, timer = batched(fns[impl], T, name), None
+        if use_marks:
+            timer = stream_timer.StreamTimer()
+            timers.append(timer)
+            fn = timer.wrap(fn)
+        c = jax.jit(fn).lower(sets[:T]).compile()
         r["compile_s"] = r.get("compile_s", 0.0) + time.perf_counter() - t0
-        compiled[impl][T] = (c, "jit_" + name)
+        compiled[impl][T] = (c, "jit_" + name, timer)
         return c
 
+    def outputs(impl, T):
+        """The T output tuples of one call (the marks' tokens dropped)."""
+        c, _, timer = compiled[impl][T]
+        out = c(sets[:T])
+        return out[0] if timer is not None else out
+
     def warm(impl, T):
-        c, _ = compiled[impl][T]
+        c, _, _ = compiled[impl][T]
         for _ in range(2):
             t0 = time.perf_counter()
             jax.block_until_ready(c(sets[:T]))
@@ -235,7 +261,7 @@ def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), r
                 r["hlo"] = {"error": str(e)}
             if impl == "jaxconv" and "error" not in r["hlo"]:
                 exp = expected_jaxconv_calls(op, Ts[-1])
-                got = {k: v for k, v in r["hlo"].items() if k.startswith("jaxconv")}
+                got = {k: v for k, v in r["hlo"].items() if k.startswith("jaxconv") and k != stream_timer.TARGET}
                 bad = {k: (got.get(k, 0), v) for k, v in exp.items() if got.get(k, 0) < v}
                 extra = {k: v for k, v in got.items() if k not in exp}
                 if bad:
@@ -257,13 +283,13 @@ def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), r
     # Correctness cross-check on set 0 (T=1): both implementations compute the same thing.
     if "jaxconv" in live and "lax" in live:
         try:
-            a = compiled["jaxconv"][Ts[0]][0](sets[:Ts[0]])[0]
-            b = compiled["lax"][Ts[0]][0](sets[:Ts[0]])[0]
+            a = outputs("jaxconv", Ts[0])[0]
+            b = outputs("lax", Ts[0])[0]
             res["rel_err"] = max(_rel_err(u, v) for u, v in zip(a, b))
         except Exception as e:
             res["rel_err_error"] = str(e)[:200]
 
-    samples = {impl: {T: [] for T in Ts} for impl in live}
+    samples = {impl: {T: [] for T in Ts} for impl in live}  # device time between the marks (else wall)
     rng = random.Random(seed)
     for rep in range(reps):
         order = list(Ts)
@@ -271,12 +297,13 @@ def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), r
         for T in order:
             imp_order = live if rep % 2 == 0 else live[::-1]
             for impl in imp_order:
-                c, _ = compiled[impl][T]
+                c, _, timer = compiled[impl][T]
                 args = sets[:T]
                 t0 = time.perf_counter()
                 out = c(args)
                 jax.block_until_ready(out)
-                samples[impl][T].append(time.perf_counter() - t0)
+                wall = time.perf_counter() - t0
+                samples[impl][T].append(timer.elapsed_s() if timer is not None else wall)
                 del out
 
     fits, profs = {}, {}
@@ -287,12 +314,16 @@ def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), r
         if fit.get("min_fit"):
             r["fit"]["min_fit_b"] = fit["min_fit"]["b"]
         r["samples"] = {str(t): v for t, v in samples[impl].items()}
+        r["timing"] = "stream marks" if use_marks else "wall"
         r.setdefault("flags", []).extend(fit["flags"])
     # The profiler runs for every implementation when any fit is poor, so that a ratio never divides a wall-clock
     # slope by a profiler time (on short kernels the two differed by up to 3x on the same build).
     if profile == "always" or (profile in ("auto", "first") and not all(f["ok"] for f in fits.values())):
         for impl in live:
-            c, mod = compiled[impl][Ts[0]]
+            c, mod, timer = compiled[impl][Ts[0]]
+            if timer is not None:  # the marked program's argument copies would count as busy time
+                name = mod[len("jit_"):] + "_prof"
+                c, mod = jax.jit(batched(fns[impl], Ts[0], name)).lower(sets[:Ts[0]]).compile(), "jit_" + name
             per = max(est.get((impl, Ts[0]), 0.01), 1e-6)
             ncalls = int(max(2, min(10, 2.0 / per)))
             prof = profile_device_time(c, (sets[:Ts[0]],), mod, ncalls=ncalls)
@@ -311,7 +342,7 @@ def choose_sources(fits, profs, tmax, tmax_samples):
 
     All fits good: the fits (profiler times, if taken, stay a cross-check). Otherwise, when every implementation
     has a profiler time: the profiler for all, a good fit included. Otherwise each falls back alone: a good fit
-    stays; a poor one takes its profiler time, else the fit over per-T minima, else the fastest wall time at the
+    stays; a poor one takes its profiler time, else the fit over per-T minima, else the fastest time at the
     largest T over T (an upper bound)."""
     def prof_us(i):
         p = profs.get(i) or {}
@@ -328,5 +359,5 @@ def choose_sources(fits, profs, tmax, tmax_samples):
         elif fit.get("min_fit") and fit["min_fit"]["b"] > 0:
             out[impl] = (fit["min_fit"]["b"], fit["min_fit"]["ci"], "min-fit")
         else:
-            out[impl] = (min(tmax_samples[impl]) / tmax, [None, None], "upper-bound(min wall/T)")
+            out[impl] = (min(tmax_samples[impl]) / tmax, [None, None], "upper-bound(min time/T)")
     return out

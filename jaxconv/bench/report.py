@@ -9,10 +9,12 @@ import re
 from . import cases as _cases
 from .device import best_path_peak, jaxconv_path_peak
 
-METHOD = ("Device time per op = slope b of a least-squares fit wall = a + b*T, T = number of distinct input sets "
+METHOD = ("Device time per op = slope b of a least-squares fit time = a + b*T, T = number of distinct input sets "
           "one jitted function processes (all outputs returned; jaxconv custom-call count checked in the HLO); "
-          "wall = call + block_until_ready after warm-up, T values and implementations interleaved, one-sided "
-          "outlier trim (median + 5 MAD); 90% t-interval on b. Poor fits (b <= 0, R^2 < 0.9, CI half-width > 50%, "
+          "time = the device time between two in-stream marks placed before and after the T ops (CUDA events on "
+          "XLA's stream; a host clock on the CPU), so the host's dispatch work per input set, which the wall time "
+          "of call + block_until_ready includes, stays out of b; after warm-up, "
+          "T values and implementations interleaved, one-sided outlier trim (median + 5 MAD); 90% t-interval on b. Poor fits (b <= 0, R^2 < 0.9, CI half-width > 50%, "
           "or per-T-minimum fit off by > 2x) are flagged; then every implementation of that measurement is timed "
           "by the jax.profiler busy time per op (time_source = profiler; one source per ratio), and where the "
           "profiler has no time, a poor fit alone falls back to the fit over per-T minima (min-fit). "
