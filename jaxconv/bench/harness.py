@@ -316,7 +316,7 @@ def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_
         r["samples"] = {str(t): v for t, v in samples[impl].items()}
         r["timing"] = "stream marks" if use_marks else "wall"
         r.setdefault("flags", []).extend(fit["flags"])
-    # The profiler runs for every implementation when any fit is poor, so that a ratio never divides a wall-clock
+    # The profiler runs for every implementation when any fit is poor, so that a ratio never divides a fitted
     # slope by a profiler time (on short kernels the two differed by up to 3x on the same build).
     if profile == "always" or (profile in ("auto", "first") and not all(f["ok"] for f in fits.values())):
         for impl in live:

@@ -1,4 +1,4 @@
-"""Least-squares slope fit wall = a + b*T with a t-interval on b (no SciPy needed)."""
+"""Least-squares slope fit time = a + b*T with a t-interval on b (no SciPy needed)."""
 from __future__ import annotations
 
 import math
@@ -100,7 +100,7 @@ def _median(v):
 
 
 def trim_outliers(samples: dict, k: float = 5.0):
-    """samples: {T: [wall, ...]}. Drops samples above median + k * 1.4826 * MAD of their T (one-sided: jitter only
+    """samples: {T: [time, ...]}. Drops samples above median + k * 1.4826 * MAD of their T (one-sided: jitter only
     ever adds time). Returns (kept {T: [...]}, number dropped)."""
     kept, dropped = {}, 0
     for t, v in samples.items():
@@ -114,7 +114,7 @@ def trim_outliers(samples: dict, k: float = 5.0):
 
 
 def fit_samples(samples: dict, conf: float = 0.90, min_r2: float = 0.9, max_rel_ci: float = 0.5) -> dict:
-    """Fit wall = a + b*T over all (trimmed) samples, plus a cross-check fit over the per-T minima.
+    """Fit time = a + b*T over all (trimmed) samples, plus a cross-check fit over the per-T minima.
     Adds `flags` (reasons to distrust b) and `ok`."""
     kept, dropped = trim_outliers(samples)
     xs = [float(t) for t, v in kept.items() for _ in v]
