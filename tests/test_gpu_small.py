@@ -115,6 +115,9 @@ CASES = {
     "px_4to4_5x5_dil2": ((1, 40, 70, 4), (5, 5), "SAME", (2, 2), (1, 1), 4),
     "px_4to4_chunks_cross_images": ((4, 130, 40, 4), (3, 3), ((1, 1), (0, 2)), (1, 1), (1, 1), 4),
     "px_4to4_7x1_neg_pad": ((1, 50, 300, 4), (7, 1), ((-1, 3), (0, 0)), (1, 1), (1, 1), 4),
+    # H stride 2 and H dilation 2 with window rows above the image (the forward's 3x3 stays on the unrolled
+    # kernels: only the column stride and dilation must be 1)
+    "px_4to4_hstride2_hdil2": ((2, 37, 131, 4), (3, 3), ((3, 0), (1, 1)), (2, 1), (2, 1), 4),
 }
 QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "plane_3x3_b3", "plane_dil8_rowdil3_asym", "plane_5x5_b2",
                      "8to1_valid_b3", "16to1_neg_pad", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
@@ -159,28 +162,49 @@ def test_small_dtypes(name, dtype, rng):
   _run_case(name, dtype, rng)
 
 
+# 16-bit 4 -> 4 3x3 at unit column stride and dilation (fwd, and dgrad at stride 1): the tensor-core pixel kernel.
+# Segments inside the row and past its end, rows outside the image, H stride / dilation, 3-D windows, batches.
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", ["px_4to4_3x3_wide_inner", "px_4to4_chunks_cross_images", "px_4to4_hstride2_hdil2",
+                                  "3d_4to4"])
+def test_small_4to4_mma(name, dtype, rng):
+  _run_case(name, dtype, rng)
+
+
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
 @pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "plane_3x3_b3", "8to1_valid_b3", "1to16_tutorial",
                                   "4to4_tile_plus1", "16to1_dil2", "3d_1to1", "2to20_partial_chunks",
                                   "rs_2to64_p2", "rs_1to16_5x5_hdil3", "px_4to4_p2_tail"])
 def test_small_bias_activation(name, act, rng):
+  _bias_activation_case(name, act, "float32", rng)
+
+
+# the 16-bit epilogue of the tensor-core pixel kernel (bias and activation on its accumulator fragments)
+@pytest.mark.parametrize("act", [None, "relu", "gelu"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_small_4to4_mma_bias_activation(dtype, act, rng):
+  _bias_activation_case("px_4to4_prime_asym_b2", act, dtype, rng)
+
+
+def _bias_activation_case(name, act, dtype, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   ns = len(shape) - 2
   fn = {2: jaxconv.conv2d, 3: jaxconv.conv3d}[ns]
-  x = cu.to_gpu(cu.randn(rng, shape, np.float32))
-  w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), np.float32))
-  b = cu.to_gpu(cu.randn(rng, (k,), np.float32))
+  x = cu.to_gpu(cu.randn(rng, shape, dtype))
+  w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), dtype))
+  b = cu.to_gpu(cu.randn(rng, (k,), dtype))
   y = jax.jit(functools.partial(fn, stride=stride, padding=padding, dilation=dil, activation=act,
                                 algorithm="small", precision="highest"))(x, w, b)
   ref = cu.activation_ref(
       cu.ref_conv(np.asarray(x), np.asarray(w),
                   **cu.channels_last_lax_kw(ns, stride, padding, dil)) + cu.f64(np.asarray(b)), act)
-  cu.assert_close(y, ref, cu.tolerance("float32"), f"{name} act={act}")
+  cu.assert_close(y, ref, cu.tolerance(dtype), f"{name} {dtype} act={act}")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", ["1to1_dil2", "plane_dil2_rows_valid", "1to16_tutorial", "4to1_dil2",
-                                  "rs_2to64_s2_p8", "rs_1to8_5x5_b8", "px_4to4_s2", "px_4to4_p2_tail"])
+                                  "rs_2to64_s2_p8", "rs_1to8_5x5_b8", "px_4to4_s2", "px_4to4_p2_tail",
+                                  "px_4to4_prime_asym_b2"])
 def test_small_half_inputs_f32_output(name, dtype, rng):
   shape, win, padding, dil, stride, k = CASES[name]
   x = cu.to_gpu(cu.randn(rng, shape, dtype))

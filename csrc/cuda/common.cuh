@@ -1,6 +1,8 @@
 // Shared by the CUDA kernel families: dtype conversions, the fwd epilogue (identical to the CPU one), tensor
-// strides derived from ConvParams, and the small host API (kernels.h) types. Device code only computes in f32
-// FMA (f64 for f64): no tensor cores, so HIGHEST is true FP32 and DEFAULT gets the same.
+// strides derived from ConvParams, and the small host API (kernels.h) types. Accumulation is f32 (f64 for f64)
+// everywhere; float32 data reaches tensor cores only in the implicit_gemm family (TF32 at DEFAULT, 3xTF32 at
+// HIGH / HIGHEST), so elsewhere HIGHEST is true FP32. 16-bit data also uses them in the small family's 4 -> 4
+// pixel kernel (products of 16-bit values are exact in f32).
 #pragma once
 
 #include <cuda_bf16.h>

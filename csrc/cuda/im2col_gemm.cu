@@ -18,6 +18,7 @@
 #include "algorithms.h"
 #include "cuda/common.cuh"
 #include "cuda/igemm.h"
+#include "cuda/mma.cuh"
 
 namespace jaxconv {
 namespace cuda {
@@ -273,23 +274,6 @@ __device__ __forceinline__ void LdsmX4T(uint32_t (&r)[4], const uint16_t* p) {
                : "r"(a));
 }
 
-template <bool kBF16>
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kBF16) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-#endif
-}
-
 // NT: n8 MMA tiles per warp along j, JT = 16 * NT columns per block. x, dy: 16-bit elements as bits; dy rows have
 // k_total elements (k_total % 8 == 0: ImplicitGemmApplies). partial: f32 (splits, rows, k_total).
 template <bool kBF16, int NT>
@@ -443,17 +427,6 @@ __device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], u
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
-}
-
-template <class T>
-__device__ __forceinline__ void StorePair(T* dst, float v0, float v1) {
-  if constexpr (std::is_same_v<T, float>) {
-    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
-  } else {
-    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
-  }
 }
 
 // T: __nv_bfloat16, __half or float (y in T). w: the HWIO filter as a (rows, k_total) matrix; bias: k_total elements

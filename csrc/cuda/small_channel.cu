@@ -16,7 +16,7 @@
 // stencil kernel instead (shared-memory tile with halo, register reuse along H; see "stencil fast path"). The
 // forward with k % 8 == 0 and 3/5 W taps at W stride 1 or 3/7 at stride 2 (first layers, the 1 -> 16 tutorial
 // layer) takes the row-segment kernel before both (no shared memory; see "row-segment kernel"). 4 -> 4 at delta 1
-// takes the pixel kernel before the stencil (no staging; see "pixel kernels").
+// takes the pixel kernel before the stencil (no staging; see "pixel kernels"; 16-bit 3x3 windows on tensor cores).
 //
 // wgrad: dw[f, ci, kk] = sum_{n, o} x[n, i(o, f), ci] * dy[n, o, kk]. The (tap, k) space is cut into slices of
 // TF taps x KB output channels (all c, padded to CB); a block owns one slice and one chunk of consecutive
@@ -30,6 +30,7 @@
 #include <algorithm>
 
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 
 namespace jaxconv {
 namespace cuda {
@@ -1270,6 +1271,22 @@ constexpr int kPxThreads = 256;
 constexpr int kPxRows = kPxThreads / 32;
 constexpr int64_t kPxSmemMax = 48 * 1024;
 
+// f(r, off) for each window row r = 3 f0 + f1 of a window 3 rows tall (any taps along dim 0) whose source row lies
+// inside the source; off = the row's element offset in the image. The skip is uniform over a warp (one row t1).
+template <class F>
+__device__ __forceinline__ void ForEachWindowRow3(const ScArgs& g, int t0, int t1, F&& f) {
+  for (int f0 = 0; f0 < g.taps[0]; ++f0) {
+    const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], 1, g.lim[0]);
+    if (q0 < 0) continue;
+#pragma unroll
+    for (int f1 = 0; f1 < 3; ++f1) {
+      const int q1 = t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1];
+      if (static_cast<unsigned>(q1) >= static_cast<unsigned>(g.lim[1])) continue;
+      f(f0 * 3 + f1, q0 * g.sS[0] + q1 * g.sS[1]);
+    }
+  }
+}
+
 // K = 3, G2 = +-1: the 3x3 window with alpha2 = 1, gamma2 = G2; K = 0: any window (G2 unused).
 template <class T, class TO, int P, int K, int G2>
 __global__ void __launch_bounds__(kPxThreads, 4) ScPixelKernel(const ScArgs g, const T* __restrict__ src,
@@ -1314,26 +1331,19 @@ __global__ void __launch_bounds__(kPxThreads, 4) ScPixelKernel(const ScArgs g, c
         for (int f2 = 0; f2 < 3; ++f2)
           cv |= static_cast<unsigned>(static_cast<unsigned>(qb + 32 * j + f2 * G2) < static_cast<unsigned>(g.lim[2]))
                 << (3 * j + f2);
-      for (int f0 = 0; f0 < g.taps[0]; ++f0) {
-        const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], 1, g.lim[0]);
-        if (q0 < 0) continue;
+      ForEachWindowRow3(g, t0, t1, [&](int r, int off) {
+        const T* rp = sb + off + 4 * static_cast<int64_t>(qb);
+        const float* wf = pwt + r * 48;
 #pragma unroll
-        for (int f1 = 0; f1 < 3; ++f1) {
-          const int q1 = t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1];
-          if (static_cast<unsigned>(q1) >= static_cast<unsigned>(g.lim[1])) continue;  // uniform over the warp
-          const T* rp = sb + (q0 * g.sS[0] + q1 * g.sS[1]) + 4 * static_cast<int64_t>(qb);
-          const float* wf = pwt + (f0 * 3 + f1) * 48;
+        for (int f2 = 0; f2 < 3; ++f2) {
 #pragma unroll
-          for (int f2 = 0; f2 < 3; ++f2) {
-#pragma unroll
-            for (int j = 0; j < P; ++j) {
-              float xv[4] = {0.f, 0.f, 0.f, 0.f};
-              if (kInner || ((cv >> (3 * j + f2)) & 1u)) LdGlobalAcc<T, float, 4>(rp + 4 * (32 * j + f2 * G2), xv);
-              fma16(xv, wf + 16 * f2, acc[j]);
-            }
+          for (int j = 0; j < P; ++j) {
+            float xv[4] = {0.f, 0.f, 0.f, 0.f};
+            if (kInner || ((cv >> (3 * j + f2)) & 1u)) LdGlobalAcc<T, float, 4>(rp + 4 * (32 * j + f2 * G2), xv);
+            fma16(xv, wf + 16 * f2, acc[j]);
           }
         }
-      }
+      });
     };
     if (lo >= 0 && hi < g.lim[2]) body(std::true_type{});
     else body(std::false_type{});
@@ -1389,6 +1399,106 @@ cudaError_t LaunchPixel(const ScArgs& g, const void* src, const void* w, const v
   return cudaGetLastError();
 }
 
+// 16-bit data, the unrolled 3x3 (K = 3 above): tensor cores instead of FMAs (ScPixelMmaKernel). The FMA kernel
+// spends 144 FMAs per pixel and, with the loads, converts and filter reads around them, half its instructions are
+// not FMAs (ncu, DEVICE_RUNS 155). Here each window row is one mma.sync m16n8k16 per 16 pixels:
+// M = 16 destination pixels of the warp's row segment (the same 64-pixel segments, 8-row blocks and grid as the
+// FMA kernel: 4 M tiles a warp), N = the 4 destination channels padded to 8, K = (tap f2, source channel) as
+// 4 f2 + ci, its last 4 zero. A lane's A fragment is 4-byte loads of 2 channels straight from global memory
+// (lanes 4g..4g+3 read 16 contiguous bytes: pixel g's columns f2 = 0 and 1); the filter's B fragments are staged
+// once per block in shared memory in fragment order, one 8-byte read per lane and window row. Products of 16-bit
+// values are exact in f32 and the accumulators are f32, as in the FMA kernel. Same build (run 169), bf16: msd 512²
+// fwd 5.4 -> 5.0 µs, dgrad 5.6 -> 5.2, 1024² 16.0 -> 13.7; the rest is the loads' latency (the warps' 3 window
+// rows), which loading all 3 rows' fragments first made worse (5.7 µs, run 167).
+template <class T, class TO, int G2>
+__global__ void __launch_bounds__(kPxThreads, 4) ScPixelMmaKernel(const ScArgs g, const T* __restrict__ src,
+                                                                  const T* __restrict__ w, const TO* __restrict__ bias,
+                                                                  TO* __restrict__ dst) {
+  constexpr int kMt = 4;  // M tiles of 16 pixels a warp
+  extern __shared__ __align__(16) uint2 bfrag[];  // [taps0 * 3 window rows][32 lanes]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gq = lane >> 2, tq = lane & 3;
+  // Lane (co, t)'s B fragment of window row r: b0 = K rows 2t, 2t + 1 (tap t / 2), b1 = K rows 2t + 8, 2t + 9
+  // (tap 2, t < 2), zero for co >= 4. Staged: each lane loading its own from global memory was 4-11 % slower
+  // (run 168).
+  const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
+  for (int e = tid; e < g.taps[0] * 3 * 32; e += kPxThreads) {
+    const int r = e >> 5, co = (e & 31) >> 2, t = e & 3, ci = 2 * (t & 1);
+    uint32_t b[2] = {0u, 0u};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int f2 = 2 * h + (t >> 1);
+      if (co < 4 && f2 < 3) {
+        const int64_t o = static_cast<int64_t>(r * 3 + f2) * g.wF + co * g.wCo + ci * g.wCi;
+        b[h] = static_cast<uint32_t>(wb[o]) | (static_cast<uint32_t>(wb[o + g.wCi]) << 16);
+      }
+    }
+    bfrag[e] = make_uint2(b[0], b[1]);
+  }
+  __syncthreads();
+  const int t1 = static_cast<int>(blockIdx.y) * kPxRows + warp;
+  if (t1 >= g.tsp[1]) return;  // no barrier follows
+  const int64_t n = blockIdx.z / g.tsp[0];
+  const int t0 = static_cast<int>(blockIdx.z - n * g.tsp[0]);
+  const int s0 = static_cast<int>(blockIdx.x) * 16 * kMt;
+  float acc[kMt][4];
+#pragma unroll
+  for (int i = 0; i < kMt; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+  const uint16_t* sb = reinterpret_cast<const uint16_t*>(src) + n * g.sN + 2 * (tq & 1);
+  const int qa = s0 + gq + g.beta[2] + (tq >> 1) * G2;  // a[0]'s source column, M tile 0 (a[1]: + 8)
+  const int qb = s0 + gq + g.beta[2] + 2 * G2;          // a[2]'s (tap 2; lanes t < 2 only)
+  const bool tap2 = tq < 2;
+  const int lo = s0 + g.beta[2] + (G2 < 0 ? -2 : 0), hi = s0 + 16 * kMt - 1 + g.beta[2] + (G2 > 0 ? 2 : 0);
+  auto body = [&](auto inner_c) {
+    constexpr bool kInner = decltype(inner_c)::value;
+    ForEachWindowRow3(g, t0, t1, [&](int r, int off) {
+      const uint16_t* rp = sb + off;
+      auto ld = [&](int col, bool on) -> uint32_t {
+        if (!on || (!kInner && static_cast<unsigned>(col) >= static_cast<unsigned>(g.lim[2]))) return 0u;
+        return __ldg(reinterpret_cast<const unsigned*>(rp + 4 * col));
+      };
+      const uint2 bf = bfrag[r * 32 + lane];
+#pragma unroll
+      for (int i = 0; i < kMt; ++i) {
+        const uint32_t a[4] = {ld(qa + 16 * i, true), ld(qa + 16 * i + 8, true), ld(qb + 16 * i, tap2),
+                               ld(qb + 16 * i + 8, tap2)};
+        Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[i], a, bf.x, bf.y);
+      }
+    });
+  };
+  if (lo >= 0 && hi < g.lim[2]) body(std::true_type{});
+  else body(std::false_type{});
+  if (tq >= 2) return;  // lanes t < 2 hold the real channels 2t, 2t + 1
+  TO* drow = dst + n * g.dN + (t0 * g.dS[0] + t1 * g.dS[1]) + 2 * tq;
+  const float b0 = g.has_bias ? ToAcc(bias[2 * tq]) : 0.f, b1 = g.has_bias ? ToAcc(bias[2 * tq + 1]) : 0.f;
+  WithActivation(g.act, [&](auto act_c) {
+    constexpr int kAct = decltype(act_c)::value;
+#pragma unroll
+    for (int i = 0; i < kMt; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int t2 = s0 + 16 * i + gq + 8 * h;
+        if (t2 < g.tsp[2]) {
+          StorePair(drow + 4 * t2, Activate(acc[i][2 * h] + b0, kAct), Activate(acc[i][2 * h + 1] + b1, kAct));
+        }
+      }
+    }
+  });
+}
+
+template <class T, class TO, int G2>
+cudaError_t LaunchPixelMma(const ScArgs& g, const void* src, const void* w, const void* bias, void* dst,
+                           cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(CeilDiv(g.tsp[2], 64)), static_cast<unsigned>(CeilDiv(g.tsp[1], kPxRows)),
+                  static_cast<unsigned>(g.n * g.tsp[0]));
+  const size_t smem = static_cast<size_t>(g.taps[0]) * 3 * 32 * sizeof(uint2);
+  ScPixelMmaKernel<T, TO, G2><<<grid, kPxThreads, smem, s>>>(g, static_cast<const T*>(src), static_cast<const T*>(w),
+                                                             static_cast<const TO*>(bias), static_cast<TO*>(dst));
+  return cudaGetLastError();
+}
+
 // The pixel kernel when g fits it (4 -> 4 channels, channels-last pixels, delta = 1, float accumulation, the
 // filter in 48 KiB, 16-byte aligned buffers, a grid within CUDA's y and z limits), else nothing (*launched =
 // false).
@@ -1406,14 +1516,20 @@ cudaError_t RunPixel(const ScArgs& g, DT in, DT out, const void* src, const void
   if (CeilDiv(g.tsp[1], kPxRows) > 65535 || g.n * g.tsp[0] > 65535) return cudaSuccess;
   *launched = true;
   if (g.n * g.tsp[0] * g.tsp[1] * g.tsp[2] <= 0) return cudaSuccess;
-  // The unrolled 3x3 at 2 pixels per thread (run 153, msd's 512² layer: 5.5 µs; 4 pixels 6.5, the general loop
-  // 7.0); other windows 2 pixels per thread while that leaves the busy-warp count, else 1.
+  // The unrolled 3x3: on tensor cores for 16-bit data (with the filter's fragments in 48 KiB), else at 2 pixels
+  // per thread (run 153, msd's 512² layer: 5.5 µs; 4 pixels 6.5, the general loop 7.0); other windows 2 pixels
+  // per thread while that leaves the busy-warp count, else 1.
   const bool k3 = g.taps[1] == 3 && g.taps[2] == 3 && g.alpha[2] == 1 && (g.gamma[2] == 1 || g.gamma[2] == -1);
   const bool two = g.n * g.tsp[0] * g.tsp[1] * CeilDiv(g.tsp[2], 64) >= kBusyWarps;
   return WithF32AccTypes(in, out, [&](auto t, auto to) {
     using T = decltype(t);
     using TO = decltype(to);
-    if (k3) {
+    if constexpr (sizeof(T) == 2) {
+      if (k3 && g.taps[0] * 3 * 32 * static_cast<int64_t>(sizeof(uint2)) <= kPxSmemMax) {
+        return g.gamma[2] > 0 ? LaunchPixelMma<T, TO, 1>(g, src, w, bias, dst, s)
+                              : LaunchPixelMma<T, TO, -1>(g, src, w, bias, dst, s);
+      }
+    } else if (k3) {
       return g.gamma[2] > 0 ? LaunchPixel<T, TO, 2, 3, 1>(g, src, w, bias, dst, s)
                             : LaunchPixel<T, TO, 2, 3, -1>(g, src, w, bias, dst, s);
     }

@@ -1,0 +1,46 @@
+// Warp-level tensor-core helpers shared by the mma.sync kernels (sm_80+; every architecture jaxconv builds for).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace jaxconv {
+namespace cuda {
+
+// d += a * b, m16n8k16, 16-bit operands (bf16 when kBF16, else f16), f32 accumulators. Fragments as in the PTX ISA:
+// lane = 4 * group + t; a[0] (row group, cols 2t, 2t+1), a[1] (row group + 8), a[2] / a[3] the same at cols + 8;
+// b0 (rows 2t, 2t+1 of column group), b1 (rows + 8); d[0..1] (row group, cols 2t, 2t+1), d[2..3] (row group + 8).
+template <bool kBF16>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kBF16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+// Two consecutive outputs as one 4- (16-bit) or 8-byte (f32) store.
+template <class T>
+__device__ __forceinline__ void StorePair(T* dst, float v0, float v1) {
+  if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
+  } else {
+    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
+  }
+}
+
+}  // namespace cuda
+}  // namespace jaxconv
