@@ -1270,6 +1270,10 @@ cudaError_t RunTw(const TwArgs& g, int cbw, int kbw, const void* x, const void* 
 constexpr int kPxThreads = 256;
 constexpr int kPxRows = kPxThreads / 32;
 constexpr int64_t kPxSmemMax = 48 * 1024;
+// Shared memory of the FMA pixel kernel (the filter as f32, 4 x 4 per tap) and of the tensor-core one (the B
+// fragments, 32 lanes x 8 bytes per window row).
+inline int64_t PixelSmem(const ScArgs& g) { return static_cast<int64_t>(g.ntaps) * 16 * sizeof(float); }
+inline int64_t PixelMmaSmem(const ScArgs& g) { return static_cast<int64_t>(g.taps[0]) * 3 * 32 * sizeof(uint2); }
 
 // f(r, off) for each window row r = 3 f0 + f1 of a window 3 rows tall (any taps along dim 0) whose source row lies
 // inside the source; off = the row's element offset in the image. The skip is uniform over a warp (one row t1).
@@ -1392,7 +1396,7 @@ template <class T, class TO, int P, int K, int G2>
 cudaError_t LaunchPixel(const ScArgs& g, const void* src, const void* w, const void* bias, void* dst, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(CeilDiv(g.tsp[2], 32 * P)), static_cast<unsigned>(CeilDiv(g.tsp[1], kPxRows)),
                   static_cast<unsigned>(g.n * g.tsp[0]));
-  const size_t smem = static_cast<size_t>(g.ntaps) * 16 * sizeof(float);
+  const size_t smem = static_cast<size_t>(PixelSmem(g));
   ScPixelKernel<T, TO, P, K, G2><<<grid, kPxThreads, smem, s>>>(g, static_cast<const T*>(src),
                                                                 static_cast<const T*>(w),
                                                                 static_cast<const TO*>(bias), static_cast<TO*>(dst));
@@ -1493,7 +1497,7 @@ cudaError_t LaunchPixelMma(const ScArgs& g, const void* src, const void* w, cons
                            cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(CeilDiv(g.tsp[2], 64)), static_cast<unsigned>(CeilDiv(g.tsp[1], kPxRows)),
                   static_cast<unsigned>(g.n * g.tsp[0]));
-  const size_t smem = static_cast<size_t>(g.taps[0]) * 3 * 32 * sizeof(uint2);
+  const size_t smem = static_cast<size_t>(PixelMmaSmem(g));
   ScPixelMmaKernel<T, TO, G2><<<grid, kPxThreads, smem, s>>>(g, static_cast<const T*>(src), static_cast<const T*>(w),
                                                              static_cast<const TO*>(bias), static_cast<TO*>(dst));
   return cudaGetLastError();
@@ -1509,7 +1513,7 @@ cudaError_t RunPixel(const ScArgs& g, DT in, DT out, const void* src, const void
   for (int d = 0; d < 3; ++d) {
     if (g.delta[d] != 1) return cudaSuccess;
   }
-  if (g.sS[2] != 4 || g.dS[2] != 4 || g.ntaps * 16 * static_cast<int64_t>(sizeof(float)) > kPxSmemMax) {
+  if (g.sS[2] != 4 || g.dS[2] != 4 || PixelSmem(g) > kPxSmemMax) {
     return cudaSuccess;
   }
   if (!Aligned16(src) || !Aligned16(dst)) return cudaSuccess;
@@ -1525,7 +1529,7 @@ cudaError_t RunPixel(const ScArgs& g, DT in, DT out, const void* src, const void
     using T = decltype(t);
     using TO = decltype(to);
     if constexpr (sizeof(T) == 2) {
-      if (k3 && g.taps[0] * 3 * 32 * static_cast<int64_t>(sizeof(uint2)) <= kPxSmemMax) {
+      if (k3 && PixelMmaSmem(g) <= kPxSmemMax) {
         return g.gamma[2] > 0 ? LaunchPixelMma<T, TO, 1>(g, src, w, bias, dst, s)
                               : LaunchPixelMma<T, TO, -1>(g, src, w, bias, dst, s);
       }
