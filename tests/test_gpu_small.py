@@ -171,6 +171,41 @@ def test_small_4to4_mma(name, dtype, rng):
   _run_case(name, dtype, rng)
 
 
+# Three 4 -> 4 layers back to back and their gradients in one jit (each pixel kernel reads what the previous one
+# wrote; grids of more than one wave: 684 blocks of the forward), against float64.
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_small_4to4_dependent_chain(dtype, rng):
+  conv = functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small", precision="highest")
+  shape = (2, 300, 517, 4)
+  with cu.gpu_context(dtype):
+    x = cu.to_gpu(cu.randn(rng, shape, dtype))
+    ws = [cu.to_gpu((0.3 * cu.randn(rng, (3, 3, 4, 4), dtype)).astype(cu.np_dtype(dtype))) for _ in range(3)]
+    ct = cu.to_gpu(cu.randn(rng, shape, dtype))
+
+    def chain(x, *ws):
+      for w in ws:
+        x = conv(x, w)
+      return x
+
+    y, vjp = jax.vjp(jax.jit(chain), x, *ws)
+    grads = jax.jit(vjp)(ct)
+    y, grads = np.asarray(y), [np.asarray(g) for g in grads]
+  kw = cu.channels_last_lax_kw(2, (1, 1), "SAME", (1, 1))
+  xs = [cu.f64(np.asarray(x))]
+  for w in ws:
+    xs.append(cu.ref_conv(xs[-1], np.asarray(w), **kw))
+  d, rws = cu.f64(np.asarray(ct)), []
+  for i in (2, 1, 0):
+    d, dw = cu.ref_conv_vjp(xs[i], np.asarray(ws[i]), d, **kw)
+    rws.insert(0, dw)
+  # 16-bit intermediates are rounded between the layers; the float64 reference keeps them exact
+  tol = 3 * cu.tolerance(dtype)
+  cu.assert_close(y, xs[-1], tol, f"chain fwd {dtype}")
+  cu.assert_close(grads[0], d, tol, f"chain dx {dtype}")
+  for i in range(3):
+    cu.assert_close(grads[i + 1], rws[i], tol, f"chain dw{i} {dtype}")
+
+
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
 @pytest.mark.parametrize("name", ["1to1_tile_plus1_asym_b2", "plane_3x3_b3", "8to1_valid_b3", "1to16_tutorial",
                                   "4to4_tile_plus1", "16to1_dil2", "3d_1to1", "2to20_partial_chunks",

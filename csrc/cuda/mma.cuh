@@ -30,6 +30,15 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
+// ldmatrix .x2: lanes 0-15 give the rows (16 bytes each, 16-byte aligned, shared memory) of two 8x8 16-bit
+// matrices; r0 / r1 receive matrix 0 / 1 in the A-fragment order above (row lane / 4, cols 2 (lane % 4), + 1).
+__device__ __forceinline__ void LdMatrixX2(uint32_t& r0, uint32_t& r1, const void* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a) : "memory");
+#endif
+}
+
 // Two consecutive outputs as one 4- (16-bit) or 8-byte (f32) store.
 template <class T>
 __device__ __forceinline__ void StorePair(T* dst, float v0, float v1) {

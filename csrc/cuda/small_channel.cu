@@ -1270,10 +1270,13 @@ cudaError_t RunTw(const TwArgs& g, int cbw, int kbw, const void* x, const void* 
 constexpr int kPxThreads = 256;
 constexpr int kPxRows = kPxThreads / 32;
 constexpr int64_t kPxSmemMax = 48 * 1024;
-// Shared memory of the FMA pixel kernel (the filter as f32, 4 x 4 per tap) and of the tensor-core one (the B
-// fragments, 32 lanes x 8 bytes per window row).
+constexpr int kMmaCols = 16 * 4 + 2;  // source pixels a warp of the tensor-core kernel stages per window row
+// Shared memory of the FMA pixel kernel (the filter as f32, 4 x 4 per tap) and of the tensor-core one (each warp's
+// 3 staged rows of 16-byte pixel pairs, then the B fragments, 32 lanes x 8 bytes per window row).
 inline int64_t PixelSmem(const ScArgs& g) { return static_cast<int64_t>(g.ntaps) * 16 * sizeof(float); }
-inline int64_t PixelMmaSmem(const ScArgs& g) { return static_cast<int64_t>(g.taps[0]) * 3 * 32 * sizeof(uint2); }
+inline int64_t PixelMmaSmem(const ScArgs& g) {
+  return int64_t{kPxRows} * 3 * kMmaCols * 16 + static_cast<int64_t>(g.taps[0]) * 3 * 32 * sizeof(uint2);
+}
 
 // f(r, off) for each window row r = 3 f0 + f1 of a window 3 rows tall (any taps along dim 0) whose source row lies
 // inside the source; off = the row's element offset in the image. The skip is uniform over a warp (one row t1).
@@ -1407,32 +1410,61 @@ cudaError_t LaunchPixel(const ScArgs& g, const void* src, const void* w, const v
 // spends 144 FMAs per pixel and, with the loads, converts and filter reads around them, half its instructions are
 // not FMAs (ncu, DEVICE_RUNS 155). Here each window row is one mma.sync m16n8k16 per 16 pixels:
 // M = 16 destination pixels of the warp's row segment (the same 64-pixel segments, 8-row blocks and grid as the
-// FMA kernel: 4 M tiles a warp), N = the 4 destination channels padded to 8, K = (tap f2, source channel) as
-// 4 f2 + ci, its last 4 zero. A lane's A fragment is 4-byte loads of 2 channels straight from global memory
-// (lanes 4g..4g+3 read 16 contiguous bytes: pixel g's columns f2 = 0 and 1); the filter's B fragments are staged
-// once per block in shared memory in fragment order, one 8-byte read per lane and window row. Products of 16-bit
-// values are exact in f32 and the accumulators are f32, as in the FMA kernel. Same build (run 169), bf16: msd 512²
-// fwd 5.4 -> 5.0 µs, dgrad 5.6 -> 5.2, 1024² 16.0 -> 13.7; the rest is the loads' latency (the warps' 3 window
-// rows), which loading all 3 rows' fragments first made worse (5.7 µs, run 167).
+// FMA kernel: 4 M tiles a warp), N = the 4 destination channels padded to 8, K = (k2, source channel) as 4 k2 + ci,
+// its last 4 zero, where k2 is the tap f2 (column dilation +1) or 2 - f2 (-1). A warp loads its 3 source rows
+// (66 pixels each) at once, one coalesced 8-byte load per pixel, issued before the block stages the filter's B
+// fragments; it writes them to its shared memory as overlapping pixel pairs (entry d = pixels d, d + 1: one aligned
+// 16-byte ldmatrix row), so an M tile's A fragment is one ldmatrix.x2 (K 0-7) and two 4-byte reads (K 8-11; K 12-15
+// stay zero, never a neighbouring pixel times a zero weight, which an infinite pixel would turn into NaN). Products
+// of 16-bit values are exact in f32 and the accumulators are f32, as in the FMA kernel. Same build, bf16, msd 512²
+// (runs 169, 178): fwd 5.4 (FMA) -> 5.0 (4-byte A loads from global memory, a window row at a time) -> 4.87 µs,
+// dgrad 5.6 -> 5.1 -> 4.9.
 template <class T, class TO, int G2>
 __global__ void __launch_bounds__(kPxThreads, 4) ScPixelMmaKernel(const ScArgs g, const T* __restrict__ src,
                                                                   const T* __restrict__ w, const TO* __restrict__ bias,
                                                                   TO* __restrict__ dst) {
   constexpr int kMt = 4;  // M tiles of 16 pixels a warp
-  extern __shared__ __align__(16) uint2 bfrag[];  // [taps0 * 3 window rows][32 lanes]
+  extern __shared__ __align__(16) uint4 psm[];  // [warp][window row f1][kMmaCols] pairs, then the B fragments
+  uint2* bfrag = reinterpret_cast<uint2*>(psm + kPxRows * 3 * kMmaCols);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gq = lane >> 2, tq = lane & 3;
-  // Lane (co, t)'s B fragment of window row r: b0 = K rows 2t, 2t + 1 (tap t / 2), b1 = K rows 2t + 8, 2t + 9
-  // (tap 2, t < 2), zero for co >= 4. Staged: each lane loading its own from global memory was 4-11 % slower
-  // (run 168).
+  const int t1 = static_cast<int>(blockIdx.y) * kPxRows + warp;
+  const bool live = t1 < g.tsp[1];
+  const int64_t n = blockIdx.z / g.tsp[0];
+  const int t0 = static_cast<int>(blockIdx.z - n * g.tsp[0]);
+  const int s0 = static_cast<int>(blockIdx.x) * 16 * kMt;
+  const int qlo = s0 + g.beta[2] + (G2 < 0 ? -2 : 0);  // staged pixel d = source column qlo + d
+  const T* sb = src + n * g.sN;
+  uint2 raw[3][3];
+  bool rv[3];
+  auto load_rows = [&](int f0) {
+    const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], 1, g.lim[0]);
+#pragma unroll
+    for (int f1 = 0; f1 < 3; ++f1) {
+      const int q1 = t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1];
+      rv[f1] = live && q0 >= 0 && static_cast<unsigned>(q1) < static_cast<unsigned>(g.lim[1]);
+      const T* rp = sb + (static_cast<int64_t>(q0) * g.sS[0] + static_cast<int64_t>(q1) * g.sS[1]);
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {
+        const int q = qlo + 32 * j + lane;
+        const bool ok = rv[f1] && (j < 2 || lane < 2) && static_cast<unsigned>(q) < static_cast<unsigned>(g.lim[2]);
+        raw[f1][j] = ok ? __ldg(reinterpret_cast<const uint2*>(rp + 4 * q)) : make_uint2(0u, 0u);
+      }
+    }
+  };
+  load_rows(0);
+  // Lane (co, t)'s B fragment of window row r: b0 = K rows 2t, 2t + 1 (k2 = t / 2), b1 = K rows 2t + 8, 2t + 9
+  // (k2 = 2, t < 2), zero for co >= 4; staged pixel d + k2 is tap f2 = k2 (G2 > 0) or 2 - k2. Staged: each lane
+  // loading its own from global memory was 4-11 % slower (run 168).
   const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
   for (int e = tid; e < g.taps[0] * 3 * 32; e += kPxThreads) {
     const int r = e >> 5, co = (e & 31) >> 2, t = e & 3, ci = 2 * (t & 1);
     uint32_t b[2] = {0u, 0u};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int f2 = 2 * h + (t >> 1);
-      if (co < 4 && f2 < 3) {
+      const int k2 = 2 * h + (t >> 1);
+      const int f2 = G2 > 0 ? k2 : 2 - k2;
+      if (co < 4 && k2 < 3) {
         const int64_t o = static_cast<int64_t>(r * 3 + f2) * g.wF + co * g.wCo + ci * g.wCi;
         b[h] = static_cast<uint32_t>(wb[o]) | (static_cast<uint32_t>(wb[o + g.wCi]) << 16);
       }
@@ -1440,40 +1472,47 @@ __global__ void __launch_bounds__(kPxThreads, 4) ScPixelMmaKernel(const ScArgs g
     bfrag[e] = make_uint2(b[0], b[1]);
   }
   __syncthreads();
-  const int t1 = static_cast<int>(blockIdx.y) * kPxRows + warp;
-  if (t1 >= g.tsp[1]) return;  // no barrier follows
-  const int64_t n = blockIdx.z / g.tsp[0];
-  const int t0 = static_cast<int>(blockIdx.z - n * g.tsp[0]);
-  const int s0 = static_cast<int>(blockIdx.x) * 16 * kMt;
+  if (!live) return;  // no barrier follows
   float acc[kMt][4];
 #pragma unroll
   for (int i = 0; i < kMt; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
-  const uint16_t* sb = reinterpret_cast<const uint16_t*>(src) + n * g.sN + 2 * (tq & 1);
-  const int qa = s0 + gq + g.beta[2] + (tq >> 1) * G2;  // a[0]'s source column, M tile 0 (a[1]: + 8)
-  const int qb = s0 + gq + g.beta[2] + 2 * G2;          // a[2]'s (tap 2; lanes t < 2 only)
-  const bool tap2 = tq < 2;
-  const int lo = s0 + g.beta[2] + (G2 < 0 ? -2 : 0), hi = s0 + 16 * kMt - 1 + g.beta[2] + (G2 > 0 ? 2 : 0);
-  auto body = [&](auto inner_c) {
-    constexpr bool kInner = decltype(inner_c)::value;
-    ForEachWindowRow3(g, t0, t1, [&](int r, int off) {
-      const uint16_t* rp = sb + off;
-      auto ld = [&](int col, bool on) -> uint32_t {
-        if (!on || (!kInner && static_cast<unsigned>(col) >= static_cast<unsigned>(g.lim[2]))) return 0u;
-        return __ldg(reinterpret_cast<const unsigned*>(rp + 4 * col));
-      };
-      const uint2 bf = bfrag[r * 32 + lane];
+  uint4* st = psm + warp * 3 * kMmaCols;
+  uint2* st2 = reinterpret_cast<uint2*>(st);
+  const unsigned* st4 = reinterpret_cast<const unsigned*>(st);
+  for (int f0 = 0;;) {
+#pragma unroll
+    for (int f1 = 0; f1 < 3; ++f1) {
+      if (!rv[f1]) continue;  // uniform over the warp
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {
+        const int d = 32 * j + lane;
+        if (j < 2 || lane < 2) {
+          st2[2 * (f1 * kMmaCols + d)] = raw[f1][j];                    // pair d, low half
+          if (d > 0) st2[2 * (f1 * kMmaCols + d) - 1] = raw[f1][j];    // pair d - 1, high half
+        }
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int f1 = 0; f1 < 3; ++f1) {
+      if (!rv[f1]) continue;
+      const uint2 bf = bfrag[(f0 * 3 + f1) * 32 + lane];
 #pragma unroll
       for (int i = 0; i < kMt; ++i) {
-        const uint32_t a[4] = {ld(qa + 16 * i, true), ld(qa + 16 * i + 8, true), ld(qb + 16 * i, tap2),
-                               ld(qb + 16 * i + 8, tap2)};
+        const int base = f1 * kMmaCols + 16 * i;
+        uint32_t a[4];
+        LdMatrixX2(a[0], a[1], st + base + (lane & 15));
+        a[2] = tq < 2 ? st4[4 * (base + gq + 2) + tq] : 0u;
+        a[3] = tq < 2 ? st4[4 * (base + gq + 10) + tq] : 0u;
         Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[i], a, bf.x, bf.y);
       }
-    });
-  };
-  if (lo >= 0 && hi < g.lim[2]) body(std::true_type{});
-  else body(std::false_type{});
+    }
+    if (++f0 >= g.taps[0]) break;
+    __syncwarp();  // this window row set's reads are done before the next one's stores
+    load_rows(f0);
+  }
   if (tq >= 2) return;  // lanes t < 2 hold the real channels 2t, 2t + 1
   TO* drow = dst + n * g.dN + (t0 * g.dS[0] + t1 * g.dS[1]) + 2 * tq;
   const float b0 = g.has_bias ? ToAcc(bias[2 * tq]) : 0.f, b1 = g.has_bias ? ToAcc(bias[2 * tq + 1]) : 0.f;
@@ -1546,11 +1585,13 @@ cudaError_t RunPixel(const ScArgs& g, DT in, DT out, const void* src, const void
 // dy[n, o, co]. A block owns one slice (one window row (f0, f1) and kPxTaps consecutive taps along the last dim:
 // 3 x 16 = 48 sums per thread), one tile of 256 output columns (thread = column) and one chunk of output rows of
 // one (image, out0) plane; a thread walks its column down the chunk with pointer steps, loading dy's 4 channels
-// and the slice's x pixels straight from global memory for 48 FMAs per row. A tap whose x column lies outside the
-// row reads a clamped column and its sums are zeroed after the walk (the column is fixed per thread), so the walk
-// has no per-load checks. The block's sums are reduced in a fixed order (a halving butterfly within each warp,
-// then the 8 warps in order) into scratch[tile][welems]; ScReduceKernel adds the tiles (bitwise deterministic).
-// The tiled filter gradient staged x and dy element by element for each of its 128-column tiles and 3 slices.
+// and the slice's x pixels straight from global memory for 48 FMAs per row, the loads of 4 rows (2 for float32)
+// issued before their FMAs (msd's 512² layer, bf16: 6.7 -> 6.1 µs, run 176; one row at a time before). A tap whose
+// x column lies outside the row reads a clamped column and its sums are zeroed after the walk (the column is fixed
+// per thread), so the walk has no per-load checks. The block's sums are reduced in a fixed order (a halving
+// butterfly within each warp, then the 8 warps in order) into scratch[tile][welems]; ScReduceKernel adds the tiles
+// (bitwise deterministic). The tiled filter gradient staged x and dy element by element for each of its 128-column
+// tiles and 3 slices.
 constexpr int kPxTaps = 3;
 
 struct PxWgArgs {
@@ -1593,12 +1634,12 @@ __global__ void __launch_bounds__(kPxThreads, 2) ScPixelWgradKernel(const PxWgAr
   static_assert(E == 48, "the halving sum below leaves 3 sums per lane pair");
   __shared__ float red[kPxRows][E];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int64_t b = blockIdx.x; b < g.blocks; b += gridDim.x) {
-    int64_t rem = b;
-    const int slice = static_cast<int>(rem % g.nslices); rem /= g.nslices;
-    const int ctile = static_cast<int>(rem % g.ctiles); rem /= g.ctiles;
-    const int rc = static_cast<int>(rem % g.rchunks); rem /= g.rchunks;
-    const int plane = static_cast<int>(rem);
+  for (int b = blockIdx.x; b < g.blocks; b += gridDim.x) {  // blocks < 2^22 (PixelWgradPlan)
+    int rem = b;
+    const int slice = rem % g.nslices; rem /= g.nslices;
+    const int ctile = rem % g.ctiles; rem /= g.ctiles;
+    const int rc = rem % g.rchunks; rem /= g.rchunks;
+    const int plane = rem;
     const int64_t tile = (static_cast<int64_t>(plane) * g.rchunks + rc) * g.ctiles + ctile;
     const int tg = slice % g.tgroups, f01 = slice / g.tgroups;
     const int f1 = f01 % g.taps[1], f0 = f01 / g.taps[1];
@@ -1623,25 +1664,39 @@ __global__ void __launch_bounds__(kPxThreads, 2) ScPixelWgradKernel(const PxWgAr
         v2[t] = fs + t < g.taps[2] && static_cast<unsigned>(i2) < static_cast<unsigned>(g.in[2]);
         xo[t] = 4 * (v2[t] ? i2 : 0);
       }
-      int i1 = r_begin * g.stride[1] - g.pad[1] + f1 * g.rdil[1];
-      const T* pd = dy + n * g.dN + (o0 * g.dS0 + r_begin * g.dS1 + 4 * o2);
-      const T* px = x + n * g.xN + i0 * g.xS0;  // the x plane; row i1 added per valid row
-      const int xstep = g.stride[1];
-#pragma unroll 4
-      for (int o1 = r_begin; o1 < r_end; ++o1, i1 += xstep, pd += g.dS1) {
-        if (static_cast<unsigned>(i1) >= static_cast<unsigned>(g.in[1])) continue;  // uniform over the block
-        const T* xr = px + i1 * g.xS1;
-        float dv[4], xv[kPxTaps][4];
-        LdGlobalAcc<T, float, 4>(pd, dv);
+      // Output rows o1 whose source row i1 = o1 * s - sh lies in [0, in), sh <= o1 * s < in + sh, are an interval
+      // (uniform over the block): the walk has no per-row check, and R rows' loads are issued before their FMAs.
+      const int64_t sh = static_cast<int64_t>(g.pad[1]) - static_cast<int64_t>(f1) * g.rdil[1], st = g.stride[1];
+      const int lo = static_cast<int>(std::max<int64_t>(sh <= 0 ? 0 : (sh + st - 1) / st, r_begin));
+      const int hi = static_cast<int>(std::min<int64_t>(g.in[1] + sh <= 0 ? 0 : (g.in[1] + sh + st - 1) / st, r_end));
+      constexpr int R = sizeof(T) == 4 ? 2 : 4;  // rows per batch (float32: 16 loaded floats per row)
+      const T* pd = dy + n * g.dN + (o0 * g.dS0 + lo * g.dS1 + 4 * o2);
+      const T* xr = x + n * g.xN + i0 * g.xS0 + (lo * st - sh) * g.xS1;
+      const int64_t xstep = st * g.xS1;
+      int o1 = lo;
+      const auto rows = [&](auto rows_c) {
+        constexpr int RC = decltype(rows_c)::value;
+        float dv[RC][4], xv[RC][kPxTaps][4];
 #pragma unroll
-        for (int t = 0; t < kPxTaps; ++t) LdGlobalAcc<T, float, 4>(xr + xo[t], xv[t]);
+        for (int r = 0; r < RC; ++r) {
+          LdGlobalAcc<T, float, 4>(pd + r * g.dS1, dv[r]);
 #pragma unroll
-        for (int t = 0; t < kPxTaps; ++t)
+          for (int t = 0; t < kPxTaps; ++t) LdGlobalAcc<T, float, 4>(xr + r * xstep + xo[t], xv[r][t]);
+        }
 #pragma unroll
-          for (int a = 0; a < 4; ++a)
+        for (int r = 0; r < RC; ++r)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) acc[t][a][c] = fmaf(xv[t][a], dv[c], acc[t][a][c]);
-      }
+          for (int t = 0; t < kPxTaps; ++t)
+#pragma unroll
+            for (int ci = 0; ci < 4; ++ci)
+#pragma unroll
+              for (int c = 0; c < 4; ++c) acc[t][ci][c] = fmaf(xv[r][t][ci], dv[r][c], acc[t][ci][c]);
+        o1 += RC;
+        pd += RC * g.dS1;
+        xr += RC * xstep;
+      };
+      while (o1 + R <= hi) rows(IntC<R>{});
+      while (o1 < hi) rows(IntC<1>{});
 #pragma unroll
       for (int t = 0; t < kPxTaps; ++t)
 #pragma unroll
@@ -1672,9 +1727,9 @@ __global__ void __launch_bounds__(kPxThreads, 2) ScPixelWgradKernel(const PxWgAr
 }
 
 // The pixel filter gradient's plan for p (false where it does not apply): 4 -> 4 channels-last, no lhs dilation,
-// float partial sums, at least 32 output columns. Row chunks such that slices x column tiles x chunks is about 2
-// blocks per SM (msd's 512² layer with its reduction: 10.3 µs at 2, 12.8 at 4, 12.1 at 1 in run 152; 9.1 at 2,
-// 11.1 at 3 in run 153).
+// float partial sums, at least 32 output columns. Row chunks such that slices x column tiles x chunks is about 1
+// block per SM for 16-bit data, 2 for float32 (msd's 512² layer with its reduction, run 178: bf16 7.5 µs at 1, 8.1
+// at 2, 9.7 at 3, 11.2 at 4; f32 8.2 at 1 and 2, 10.7 at 3; the reduction takes 1.7 µs for 1 and 2.0 for 2).
 bool PixelWgradPlan(const ConvParams& p, DT in, PxWgArgs* out) {
   if (in == DT::kF64 || p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
   if (p.c[0] != 4 || p.k[0] != 4 || p.out[2] < 32) return false;
@@ -1699,7 +1754,8 @@ bool PixelWgradPlan(const ConvParams& p, DT in, PxWgArgs* out) {
   g.tgroups = static_cast<int>(CeilDiv(p.win[2], kPxTaps));
   g.nslices = static_cast<int>(p.win[0] * p.win[1]) * g.tgroups;
   g.ctiles = static_cast<int>(CeilDiv(p.out[2], kPxThreads));
-  const int64_t want = CeilDiv(2 * kPlanSms, static_cast<int64_t>(g.nslices) * g.ctiles * planes);
+  const int64_t per_sm = in == DT::kF32 ? 2 : 1;
+  const int64_t want = CeilDiv(per_sm * kPlanSms, static_cast<int64_t>(g.nslices) * g.ctiles * planes);
   g.per_chunk = static_cast<int>(CeilDiv(p.out[1], std::min<int64_t>(std::max<int64_t>(want, 1), p.out[1])));
   g.rchunks = static_cast<int>(CeilDiv(p.out[1], g.per_chunk));
   const int64_t tiles = planes * g.rchunks * g.ctiles;
