@@ -118,6 +118,8 @@ CASES = {
     # H stride 2 and H dilation 2 with window rows above the image (the forward's 3x3 stays on the unrolled
     # kernels: only the column stride and dilation must be 1)
     "px_4to4_hstride2_hdil2": ((2, 37, 131, 4), (3, 3), ((3, 0), (1, 1)), (2, 1), (2, 1), 4),
+    # W padding below zero on one side: staged source columns start inside the row
+    "px_4to4_wneg_pad": ((1, 23, 150, 4), (3, 3), ((1, 1), (-1, 2)), (1, 1), (1, 1), 4),
 }
 QUICK_DTYPE_CASES = ["1to1_prime", "1to1_dil8", "plane_3x3_b3", "plane_dil8_rowdil3_asym", "plane_5x5_b2",
                      "8to1_valid_b3", "16to1_neg_pad", "1to16_tutorial", "4to4_tile_plus1", "16to1_dil2",
@@ -163,10 +165,11 @@ def test_small_dtypes(name, dtype, rng):
 
 
 # 16-bit 4 -> 4 3x3 at unit column stride and dilation (fwd, and dgrad at stride 1): the tensor-core pixel kernel.
-# Segments inside the row and past its end, rows outside the image, H stride / dilation, 3-D windows, batches.
+# Segments inside the row and past its end, rows outside the image, H stride / dilation, 3-D windows, batches,
+# negative W padding, rows narrower than a warp's 64 columns.
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", ["px_4to4_3x3_wide_inner", "px_4to4_chunks_cross_images", "px_4to4_hstride2_hdil2",
-                                  "3d_4to4"])
+                                  "3d_4to4", "px_4to4_wneg_pad", "4to4_tile_plus1"])
 def test_small_4to4_mma(name, dtype, rng):
   _run_case(name, dtype, rng)
 
