@@ -267,13 +267,6 @@ __device__ __forceinline__ void LoadPatch(const Geometry& g, const E* __restrict
   }
 }
 
-__device__ __forceinline__ void LdsmX4T(uint32_t (&r)[4], const uint16_t* p) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
 // NT: n8 MMA tiles per warp along j, JT = 16 * NT columns per block. x, dy: 16-bit elements as bits; dy rows have
 // k_total elements (k_total % 8 == 0: ImplicitGemmApplies). partial: f32 (splits, rows, k_total).
 template <bool kBF16, int NT>
@@ -344,12 +337,14 @@ __global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        LdsmX4T(a[mi], dys + (kk + (lane & 7) + ((lane >> 4) << 3)) * kFwDyLd + wm * 32 + mi * 16 + (((lane >> 3) & 1) << 3));
+        LdMatrix<4, true>(a[mi], dys + (kk + (lane & 7) + ((lane >> 4) << 3)) * kFwDyLd + wm * 32 + mi * 16 +
+                                     (((lane >> 3) & 1) << 3));
       }
 #pragma unroll
       for (int ni = 0; ni < NT; ni += 2) {
         uint32_t bq[4];
-        LdsmX4T(bq, colss + (kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * CLD + wn * (JT / 2) + ni * 8 + ((lane >> 4) << 3));
+        LdMatrix<4, true>(bq, colss + (kk + (lane & 7) + (((lane >> 3) & 1) << 3)) * CLD + wn * (JT / 2) + ni * 8 +
+                                  ((lane >> 4) << 3));
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           Mma16816<kBF16>(acc[mi][ni], a[mi], bq[0], bq[1]);
@@ -403,13 +398,6 @@ __host__ __device__ constexpr int FfSliceElems(int jp, int elem) {
 // A patch buffer: the patch, then zeros that the columns past rows read (table[j] = patch_elems) for every pixel row.
 __host__ __device__ constexpr int64_t FfPatchElems(int64_t patch_elems, int64_t sc) {
   return patch_elems + (kFfPix - 1) * sc + 1;
-}
-
-__device__ __forceinline__ void LdsmX4(uint32_t (&r)[4], const void* p) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
 }
 
 __device__ __forceinline__ uint32_t Tf32Bits(float v) {
@@ -565,13 +553,13 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
         uint32_t a[2][4];
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          LdsmX4(a[mi], cs + (wm * 32 + mi * 16 + (lane & 15)) * cld + kk + ((lane >> 4) << 3));
+          LdMatrix<4>(a[mi], cs + (wm * 32 + mi * 16 + (lane & 15)) * cld + kk + ((lane >> 4) << 3));
         }
 #pragma unroll
         for (int ni = 0; ni < 4; ni += 2) {
           uint32_t bq[4];
           const int jr = kk + (lane & 7) + (((lane >> 3) & 1) << 3);
-          LdsmX4T(bq, wsb + jr * (kFfK + 8) + wn * 32 + ni * 8 + ((lane >> 4) << 3));
+          LdMatrix<4, true>(bq, wsb + jr * (kFfK + 8) + wn * 32 + ni * 8 + ((lane >> 4) << 3));
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[mi][ni], a[mi], bq[0], bq[1]);
@@ -606,7 +594,7 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
 #pragma unroll
         for (int nj = 0; nj < 2; ++nj) {
           const int nr = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-          LdsmX4(bb[nj], wsk + nr * (jp + 4) + kk + (((lane >> 3) & 1) << 2));
+          LdMatrix<4>(bb[nj], wsk + nr * (jp + 4) + kk + (((lane >> 3) & 1) << 2));
         }
         if constexpr (kSplit) {
           // v = big + small, both TF32; the small x small product (below 2^-22 of the result) is dropped.

@@ -30,12 +30,25 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-// ldmatrix .x2: lanes 0-15 give the rows (16 bytes each, 16-byte aligned, shared memory) of two 8x8 16-bit
-// matrices; r0 / r1 receive matrix 0 / 1 in the A-fragment order above (row lane / 4, cols 2 (lane % 4), + 1).
-__device__ __forceinline__ void LdMatrixX2(uint32_t& r0, uint32_t& r1, const void* row) {
+// ldmatrix .x2 / .x4 (.trans with kTrans): lanes 8i..8i+7 give the rows of matrix i (16 bytes each, 16-byte
+// aligned, shared memory); r[i] receives matrix i in the A-fragment order above (row lane / 4, cols 2 (lane % 4),
+// + 1), or transposed with kTrans (rows 2 (lane % 4), + 1 of col lane / 4).
+template <int N, bool kTrans = false>
+__device__ __forceinline__ void LdMatrix(uint32_t (&r)[N], const void* row) {
+  static_assert(N == 2 || N == 4, "x2 or x4");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a) : "memory");
+  if constexpr (N == 2 && !kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a)
+                 : "memory");
+  } else if constexpr (N == 4 && !kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+  } else {
+    static_assert(N == 4, "x4 only transposed");
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+  }
 #endif
 }
 

@@ -1502,10 +1502,10 @@ __global__ void __launch_bounds__(kPxThreads, 4) ScPixelMmaKernel(const ScArgs g
 #pragma unroll
       for (int i = 0; i < kMt; ++i) {
         const int base = f1 * kMmaCols + 16 * i;
-        uint32_t a[4];
-        LdMatrixX2(a[0], a[1], st + base + (lane & 15));
-        a[2] = tq < 2 ? st4[4 * (base + gq + 2) + tq] : 0u;
-        a[3] = tq < 2 ? st4[4 * (base + gq + 10) + tq] : 0u;
+        uint32_t k07[2];
+        LdMatrix<2>(k07, st + base + (lane & 15));
+        const uint32_t a[4] = {k07[0], k07[1], tq < 2 ? st4[4 * (base + gq + 2) + tq] : 0u,
+                               tq < 2 ? st4[4 * (base + gq + 10) + tq] : 0u};
         Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[i], a, bf.x, bf.y);
       }
     }
