@@ -70,11 +70,10 @@ template <class TO> __device__ __forceinline__ unsigned short Bits16(float v) {
   else return __half_as_ushort(__float2half_rn(v));
 }
 
-// Stores N TO converted from Acc (8 or 16 bytes, aligned) to global memory.
-template <class TO, class Acc, int N> __device__ __forceinline__ void StGlobal(TO* p, const Acc (&v)[N]) {
-  static_assert(N * sizeof(TO) == 16 || N * sizeof(TO) == 8, "vector size");
-  constexpr int NW = N * sizeof(TO) / 4;
-  unsigned wd[NW];
+// v as TO, packed into the 32-bit words of one 8- or 16-byte vector.
+template <class TO, class Acc, int N, int NW>
+__device__ __forceinline__ void PackWords(const Acc (&v)[N], unsigned (&wd)[NW]) {
+  static_assert(NW * 4 == N * sizeof(TO) && (NW == 2 || NW == 4), "vector size");
 #pragma unroll
   for (int i = 0; i < NW; ++i) {
     if constexpr (std::is_same<TO, float>::value) {
@@ -86,6 +85,13 @@ template <class TO, class Acc, int N> __device__ __forceinline__ void StGlobal(T
       wd[i] = static_cast<unsigned>(Bits16<TO>(v[2 * i])) | (static_cast<unsigned>(Bits16<TO>(v[2 * i + 1])) << 16);
     }
   }
+}
+
+// Stores N TO converted from Acc (8 or 16 bytes, aligned) to global memory.
+template <class TO, class Acc, int N> __device__ __forceinline__ void StGlobal(TO* p, const Acc (&v)[N]) {
+  constexpr int NW = N * sizeof(TO) / 4;
+  unsigned wd[NW];
+  PackWords<TO>(v, wd);
   // __stwb (a plain write-back store): nvcc split plain uint2/float4 stores of make_* values into scalar ones.
   if constexpr (NW == 4) __stwb(reinterpret_cast<uint4*>(p), make_uint4(wd[0], wd[1], wd[2], wd[3]));
   else __stwb(reinterpret_cast<uint2*>(p), make_uint2(wd[0], wd[1]));

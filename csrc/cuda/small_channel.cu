@@ -259,6 +259,8 @@ cudaError_t RunGather(const ScArgs& g, DT in, DT out, const void* src, const voi
 // its contiguous dim), k % 8 == 0.
 constexpr int kRsThreads = 128;
 constexpr int kRsKg = 8;  // output channels per thread
+// Whether the epilogue goes through shared memory: float32 outputs at P <= 2 pixels per thread (the small grids).
+template <class TO> constexpr bool RsStagesOutput(int p) { return p <= 2 && sizeof(TO) == 4; }
 
 template <class T, class TO, int P, int TW, int S>
 __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int64_t groups, int ncg, int64_t warps,
@@ -271,6 +273,7 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
   // row's loads; larger P (larger grids) keep one row at a time and their registers (batches of rows spilled there).
   constexpr int RB = P > 2 ? 1 : SEG <= 6 ? 5 : 4;
   constexpr int OV = KG * sizeof(TO) >= 16 ? 16 / static_cast<int>(sizeof(TO)) : KG;  // outputs per store
+  constexpr bool kStageOut = RsStagesOutput<TO>(P);
   // The whole filter as Acc in shared memory (<= 12288 elements: SmallChannelApplies), read as warp-uniform
   // broadcasts: from global memory the taps' filter vectors had been a third of the tutorial's stalls (ncu, run 144).
   extern __shared__ __align__(16) float wsm[];
@@ -283,7 +286,9 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
     const int64_t pb = DivNN(wi, groups);
     const int kg = static_cast<int>(wi - pb * groups);
     int64_t rem = pb * 32 + lane, q;
-    if (rem >= pix_groups) continue;  // past the last pixel group (no barrier in this kernel)
+    const bool lane_ok = rem < pix_groups;  // lanes past the last pixel group compute its pixels, store nothing
+    if (!kStageOut && !lane_ok) continue;
+    if (!lane_ok) rem = pix_groups - 1;
     q = DivNN(rem, ncg);
     const int t2 = static_cast<int>(rem - q * ncg) * P;
     rem = q;
@@ -345,19 +350,44 @@ __global__ void __launch_bounds__(kRsThreads) ScRowSegKernel(const ScArgs g, int
     Acc bv[KG];
 #pragma unroll
     for (int k = 0; k < KG; ++k) bv[k] = g.has_bias ? ToAcc(bias[kg * KG + k]) : 0.f;
+    // Float32 outputs at P <= 2 (kStageOut) go through the warp's shared memory ([lane][j][k], 16-byte chunks),
+    // then chunk c = 32 r + lane is written for lane c / (P * NV)'s pixel: 32 lanes cover 16 pixels' KG channels,
+    // whole 32-byte sectors, where each lane's own pixels had put one 16-byte store in each of 32 lines (tutorial f32:
+    // 8.1 -> 6.0 µs, run 187; 16-bit outputs, one store per pixel already, were 2 % slower staged).
+    constexpr int NV = KG / OV;
+    uint4* ost = reinterpret_cast<uint4*>(wsm + g.ntaps * g.wF) + (threadIdx.x / 32) * 32 * P * NV;
     WithActivation(g.act, [&](auto act_c) {
 #pragma unroll
       for (int j = 0; j < P; ++j) {
-        if (t2 + j >= g.tsp[2]) break;
+        if (!kStageOut && t2 + j >= g.tsp[2]) break;
 #pragma unroll
-        for (int v = 0; v < KG / OV; ++v) {
+        for (int v = 0; v < NV; ++v) {
           Acc part[OV];
 #pragma unroll
           for (int e = 0; e < OV; ++e) part[e] = Activate(acc[j][v * OV + e] + bv[v * OV + e], decltype(act_c)::value);
-          StGlobal<TO, Acc, OV>(dbase + (t2 + j) * g.dS[2] + v * OV, part);
+          if constexpr (kStageOut) {
+            unsigned wd[4];
+            PackWords<TO>(part, wd);
+            ost[(lane * P + j) * NV + v] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+          } else {
+            StGlobal<TO, Acc, OV>(dbase + (t2 + j) * g.dS[2] + v * OV, part);
+          }
         }
       }
     });
+    if constexpr (kStageOut) {
+      __syncwarp();
+      const int64_t pix = (dbase - dst) + static_cast<int64_t>(t2) * g.dS[2];
+      const int nvalid = lane_ok ? min(P, g.tsp[2] - t2) : 0;
+#pragma unroll
+      for (int r = 0; r < P * NV; ++r) {
+        const int c = 32 * r + lane, owner = c / (P * NV), j = (c / NV) % P, v = c % NV;
+        const int64_t opix = __shfl_sync(0xffffffffu, pix, owner);
+        const int onv = __shfl_sync(0xffffffffu, nvalid, owner);
+        if (j < onv) *reinterpret_cast<uint4*>(dst + opix + static_cast<int64_t>(j) * g.dS[2] + v * OV) = ost[c];
+      }
+      __syncwarp();  // the next work item's stores into ost wait for these reads
+    }
   }
 }
 
@@ -375,8 +405,17 @@ cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const 
   const int64_t warps = warps_of(pp);
   if (warps <= 0) return cudaSuccess;
   // Every block stages the filter: at most the blocks resident at once, each looping over the warps' work.
-  const size_t smem = static_cast<size_t>(g.ntaps) * static_cast<size_t>(g.wF) * sizeof(float);  // <= 48 KiB
+  // The filter (<= 48 KiB) and, for the staged epilogue, the block's outputs.
+  const size_t smem = static_cast<size_t>(g.ntaps) * static_cast<size_t>(g.wF) * sizeof(float) +
+                      (RsStagesOutput<TO>(pp) ? size_t{kRsThreads} * pp * kRsKg * sizeof(TO) : 0);
   auto run = [&](auto kern) {
+    if (smem > 48 * 1024) {
+      if (const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(smem));
+          e != cudaSuccess) {
+        return e;
+      }
+    }
     int64_t resident = 0;
     if (const cudaError_t e = ResidentBlocks(kern, kRsThreads, smem, 1, &resident); e != cudaSuccess) return e;
     const unsigned blocks = GridX(std::min(CeilDiv(warps, kRsThreads / 32), resident));
@@ -962,6 +1001,26 @@ __global__ void __launch_bounds__(kThreads) ScReduceKernel(const A* __restrict__
     }
     if (y == 0 && e < count) dst[e] = FromAcc<TO>(sh[tid]);
   }
+}
+
+// The same sums for few chunks (<= 128): one warp per element, lane l adding chunks l, l + 32, l + 64, l + 96 (loads
+// issued together), then a fixed xor butterfly; no shared memory or barriers. On msd's 4->4 filter gradient (144
+// elements, 43-86 chunks) 1.28 µs bf16 / 1.42 f32 against the block tree's 1.70 / 2.02 (run 185).
+constexpr int64_t kWarpReduceChunks = 128, kWarpReduceElems = 1024;
+static_assert(kWarpReduceChunks <= 4 * 32, "four chunks per lane");
+template <class A, class TO>
+__global__ void __launch_bounds__(kThreads) ScReduceWarpKernel(const A* __restrict__ src, int64_t chunks,
+                                                               int64_t count, TO* __restrict__ dst) {
+  const int lane = threadIdx.x & 31;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  if (e >= count) return;  // whole warps
+  A v[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) v[u] = lane + 32 * u < chunks ? src[(lane + 32 * u) * count + e] : A(0);
+  A t = (v[0] + v[1]) + (v[2] + v[3]);
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  if (lane == 0) dst[e] = FromAcc<TO>(t);
 }
 
 struct WgCfg { int cb, kb, tf; };
@@ -1921,6 +1980,11 @@ cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x,
   const unsigned grid = GridX(CeilDiv(welems, ex));
 #define JAXCONV_BODY(T, TO)                                                                              \
   using A_ = typename AccOf<T>::type;                                                                   \
+  if (chunks <= kWarpReduceChunks && welems <= kWarpReduceElems) { /* few partial sums: a warp each */  \
+    ScReduceWarpKernel<A_, TO><<<GridX(CeilDiv(welems, kThreads / 32)), kThreads, 0, s>>>(               \
+        static_cast<const A_*>(scratch), chunks, welems, static_cast<TO*>(dw));                         \
+    return cudaGetLastError();                                                                          \
+  }                                                                                                     \
   ScReduceKernel<A_, TO><<<grid, kThreads, 0, s>>>(static_cast<const A_*>(scratch), chunks, welems, ex,  \
                                                     static_cast<TO*>(dw));                              \
   return cudaGetLastError()
