@@ -979,7 +979,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 8 ? 1 : 2) ScWgradKerne
 }
 
 // dst[e] = sum_{c < chunks} src[c * count + e]: block = ex elements x (256 / ex) chunk lanes; each lane adds its
-// chunks in order, then a fixed tree over the lanes.
+// chunks in batches of 8 (a fixed pairwise order), then a fixed tree over the lanes.
 template <class A, class TO>
 __global__ void __launch_bounds__(kThreads) ScReduceKernel(const A* __restrict__ src, int64_t chunks, int64_t count,
                                                            int ex, TO* __restrict__ dst) {
@@ -990,7 +990,14 @@ __global__ void __launch_bounds__(kThreads) ScReduceKernel(const A* __restrict__
     const int64_t e = blk * ex + xq;
     A v = A(0);
     if (e < count) {
-      for (int64_t c = y; c < chunks; c += lanes) v += src[c * count + e];
+      // 8 chunks' loads in flight per lane: one at a time, msd 1->1 4096²'s 4608 chunks of 9 elements (18 per lane)
+      // took 7.6-7.9 µs, 3.2-3.5 with 8 (run 192).
+      for (int64_t c0 = y; c0 < chunks; c0 += 8 * lanes) {
+        A u[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) u[i] = c0 + i * lanes < chunks ? src[(c0 + i * lanes) * count + e] : A(0);
+        v += ((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7]));
+      }
     }
     __syncthreads();
     sh[tid] = v;
