@@ -97,6 +97,13 @@ template <class TO, class Acc, int N> __device__ __forceinline__ void StGlobal(T
   else __stwb(reinterpret_cast<uint2*>(p), make_uint2(wd[0], wd[1]));
 }
 
+// The sum of v over the 32 lanes of a full warp, every lane getting it (a fixed xor butterfly: deterministic).
+template <class A> __device__ __forceinline__ A WarpSum(A v) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // a / b for a >= 0, b > 0 without the 64-bit division subroutine call (whose ABI register saves show up as a
 // stack frame): a 32-bit division when both fit, else an inline shift-subtract loop (rare: huge tensors).
 __device__ __forceinline__ int64_t DivNN(int64_t a, int64_t b) {

@@ -223,9 +223,7 @@ __global__ void __launch_bounds__(kWarps * 32) PlaneWgradKernel(const PlaneArgs 
   for (int r = 0; r < K; ++r)
 #pragma unroll
     for (int s = 0; s < K; ++s) {
-      float v = acc[r][s];
-#pragma unroll
-      for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      const float v = WarpSum(acc[r][s]);
       if (lane == 0) red[warp][r * K + s] = v;
     }
   __syncthreads();

@@ -1024,9 +1024,7 @@ __global__ void __launch_bounds__(kThreads) ScReduceWarpKernel(const A* __restri
   A v[4];
 #pragma unroll
   for (int u = 0; u < 4; ++u) v[u] = lane + 32 * u < chunks ? src[(lane + 32 * u) * count + e] : A(0);
-  A t = (v[0] + v[1]) + (v[2] + v[3]);
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  const A t = WarpSum((v[0] + v[1]) + (v[2] + v[3]));
   if (lane == 0) dst[e] = FromAcc<TO>(t);
 }
 
@@ -1230,9 +1228,7 @@ __global__ void __launch_bounds__(kTw) TwWgradKernel(const TwArgs g, const T* __
       for (int a = 0; a < CB; ++a)
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
-          float v = acc[t][a][b];
-#pragma unroll
-          for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+          const float v = WarpSum(acc[t][a][b]);
           if (lane == 0) red[warp][(t * CB + a) * KB + b] = v;
         }
     }
