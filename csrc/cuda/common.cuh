@@ -206,6 +206,12 @@ inline unsigned GridX(int64_t tiles) {  // grid-stride loops cover the rest
   const int64_t cap = 1 << 30;
   return static_cast<unsigned>(tiles < 1 ? 1 : (tiles > cap ? cap : tiles));
 }
+// Lets `kernel` take `smem` bytes of dynamic shared memory: above the default 48 KiB a launch needs the opt-in.
+template <class Kernel>
+cudaError_t AllowDynamicSmem(Kernel kernel, size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+}
 // Persistent grids: *out = the blocks of `kernel` (threads and dynamic shared memory each) resident on the whole GPU
 // at once, shared among `share` grid columns, at least 1; cudaErrorNotSupported when not even one block fits an SM.
 template <class Kernel>

@@ -528,13 +528,7 @@ template <class T, class TO, int U, int A>
 cudaError_t LaunchVecKernel(const DvArgs& g, int threads, int64_t smem, const void* src, const void* w,
                             const void* bias, void* dst, cudaStream_t s) {
   auto kern = DwVecKernel<T, TO, U, A>;
-  if (smem > 48 * 1024) {
-    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem));
-        e != cudaSuccess) {
-      return e;
-    }
-  }
+  if (const cudaError_t e = AllowDynamicSmem(kern, static_cast<size_t>(smem)); e != cudaSuccess) return e;
   // two stages: persistent blocks (about two per SM of an H100) that each prefetch their next tile
   int64_t grid = g.tiles;
   if (g.nbuf == 2) grid = CeilDiv(g.tiles, CeilDiv(g.tiles, 2 * kPlanSms));

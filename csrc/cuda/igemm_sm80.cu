@@ -397,11 +397,7 @@ cudaError_t LaunchConv(typename Kernel::Arguments const& args, cudaStream_t stre
   const dim3 grid = swizzle.get_grid_shape(params.grid_tiled_shape);
   const dim3 block(32 * Device::kWarpCount, 1, 1);
   const int smem = static_cast<int>(sizeof(typename Kernel::SharedStorage));
-  if (smem >= (48 << 10)) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(cutlass::Kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-  }
+  if (const cudaError_t e = AllowDynamicSmem(cutlass::Kernel<Kernel>, smem); e != cudaSuccess) return e;
   cutlass::Kernel<Kernel><<<grid, block, smem, stream>>>(params);
   return cudaGetLastError();
 }

@@ -770,13 +770,7 @@ template <bool kBF16, int NT>
 cudaError_t LaunchFusedWgrad(const Geometry& g, const FusedPlan& f, const void* x, const void* dy, int k_total,
                              int row_count, float* partial, cudaStream_t s) {
   auto* kernel = FusedWgradKernel<kBF16, NT>;
-  if (f.smem > 48 * 1024) {  // above the default dynamic shared memory limit
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(f.smem));
-        e != cudaSuccess) {
-      return e;
-    }
-  }
+  if (const cudaError_t e = AllowDynamicSmem(kernel, f.smem); e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(f.splits), static_cast<unsigned>(f.jtiles * f.kblocks));
   kernel<<<grid, kFwThreads, f.smem, s>>>(g, static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(dy),
                                           k_total, row_count, static_cast<int>(f.kblocks), partial);
@@ -835,12 +829,8 @@ template <class T, bool kSplit>
 cudaError_t LaunchFusedFwd(const Geometry& g, const FusedFwdPlan& f, const void* x, const void* w, const void* bias,
                            int k_total, int act, void* y, cudaStream_t s) {
   auto* kernel = FusedFwdKernel<T, kSplit>;
-  cudaError_t e = cudaSuccess;
-  if (f.smem > 48 * 1024 &&  // above the default dynamic shared memory limit
-      (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(f.smem))) !=
-          cudaSuccess) {
-    return e;
-  }
+  cudaError_t e = AllowDynamicSmem(kernel, f.smem);
+  if (e != cudaSuccess) return e;
   int64_t resident = 0;
   if ((e = ResidentBlocks(kernel, kFwThreads, f.smem, f.kblocks, &resident)) != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(std::min(f.tiles, resident)), static_cast<unsigned>(f.kblocks));

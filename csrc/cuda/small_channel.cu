@@ -37,7 +37,6 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kSmemDefault = 48 * 1024;
 constexpr int64_t kSmemMax = 96 * 1024;  // opt-in (sm_80: 163 KiB, sm_86/89: 99 KiB, sm_90: 227 KiB)
 
 struct ScArgs {
@@ -213,12 +212,9 @@ cudaError_t LaunchGather(const ScArgs& g0, const void* src, const void* w, const
   const int64_t bytes = static_cast<int64_t>(g.ntaps) * g.cin * CO * static_cast<int64_t>(sizeof(typename AccOf<T>::type));
   if (bytes > kSmemMax) return cudaSuccess;  // caller falls back to the direct kernel
   auto kern = ScGatherKernel<T, TO, CO, P, CS>;
-  if (bytes > kSmemDefault) {
-    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-        e != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky: clear it, fall back
-      return cudaSuccess;
-    }
+  if (AllowDynamicSmem(kern, static_cast<size_t>(bytes)) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it, fall back
+    return cudaSuccess;
   }
   g.gw = CeilDiv(g.tsp[2], P);
   g.total = g.n * g.tsp[0] * g.tsp[1] * g.gw * CS;
@@ -409,13 +405,7 @@ cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const 
   const size_t smem = static_cast<size_t>(g.ntaps) * static_cast<size_t>(g.wF) * sizeof(float) +
                       (RsStagesOutput<TO>(pp) ? size_t{kRsThreads} * pp * kRsKg * sizeof(TO) : 0);
   auto run = [&](auto kern) {
-    if (smem > 48 * 1024) {
-      if (const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(smem));
-          e != cudaSuccess) {
-        return e;
-      }
-    }
+    if (const cudaError_t e = AllowDynamicSmem(kern, smem); e != cudaSuccess) return e;
     int64_t resident = 0;
     if (const cudaError_t e = ResidentBlocks(kern, kRsThreads, smem, 1, &resident); e != cudaSuccess) return e;
     const unsigned blocks = GridX(std::min(CeilDiv(warps, kRsThreads / 32), resident));
@@ -747,12 +737,9 @@ cudaError_t LaunchStencil(const StArgs& g0, const void* src, const void* w, cons
   const int64_t m2a = g.m2 < 0 ? -static_cast<int64_t>(g.m2) : g.m2, m1a = g.m1 < 0 ? -static_cast<int64_t>(g.m1) : g.m1;
   if ((m2a + g.tsp[2] + TW + sc + 2 * V) * g.cin >= kLim || m1a + g.tsp[1] + TH + sr >= kLim) return cudaSuccess;
   auto kern = ScStencilKernel<T, TO, CI, CO, R, P>;
-  if (bytes > kSmemDefault) {
-    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-        e != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky: clear it, fall back
-      return cudaSuccess;
-    }
+  if (AllowDynamicSmem(kern, static_cast<size_t>(bytes)) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it, fall back
+    return cudaSuccess;
   }
   g.sr = static_cast<int>(sr);
   g.sc = static_cast<int>(sc);
