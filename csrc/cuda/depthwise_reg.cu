@@ -54,6 +54,45 @@ struct DwRowArgs {
   int flip, act, has_bias, out_f32;
 };
 
+// The L channel vectors of a source row's strip (rp: its first column, c elements apart), zero for the columns
+// outside the image (bit l of cmask clear: zero padding).
+template <class T, int L>
+__device__ __forceinline__ void LdColumns(const T* rp, int c, unsigned cmask, float (&sv)[L][kVc]) {
+#pragma unroll
+  for (int l = 0; l < L; ++l, rp += c) {
+    if (cmask & (1u << l)) {
+      LdGlobalAcc<T, float, kVc>(rp, sv[l]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVc; ++i) sv[l][i] = 0.f;
+    }
+  }
+}
+
+// The TH x P outputs of one item (d: the image's channel vector), bias and activation applied. The output dtype is
+// the caller's branch, once per item: tested per pixel, ptxas reloaded the output pointer and branched at each
+// (run 203: MobileNetV2 bf16 29.5 -> 28.3 us, Mamba bf16 83 -> 79.5). Unpredicated stores for items wholly inside
+// were no faster and took the 3x3 kernels past 80 registers.
+template <class TO, int TH, int P, int kAct>
+__device__ __forceinline__ void StoreTile(TO* d, const float (&acc)[TH][P][kVc], const float (&b)[kVc], int y0,
+                                          int x0, const DwRowArgs& g) {
+#pragma unroll
+  for (int j = 0; j < TH; ++j) {
+    const int yd = y0 + j;
+    if (yd < 0 || yd >= g.dst_rows) continue;
+    TO* row = d + yd * g.dst_cols * g.c;  // < 2^31 elements per image (checked on the host)
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int xd = x0 + p;
+      if (xd < 0 || xd >= g.dst_cols) continue;
+      float o[kVc];
+#pragma unroll
+      for (int i = 0; i < kVc; ++i) o[i] = Activate(acc[j][p][i] + b[i], kAct);
+      StGlobal<TO, float, kVc>(row + xd * g.c, o);
+    }
+  }
+}
+
 template <class T, int KW, int S, int TH, int P, Mode MODE>
 __global__ void __launch_bounds__(kThreads) DwRowKernel(const DwRowArgs g, const T* __restrict__ src,
                                                         const T* __restrict__ w, const void* __restrict__ bias,
@@ -116,26 +155,15 @@ __global__ void __launch_bounds__(kThreads) DwRowKernel(const DwRowArgs g, const
 #pragma unroll
         for (int i = 0; i < kVc; ++i) acc[j][p][i] = 0.f;
 
-#pragma unroll 1
-    for (int m = 0; m < rows; ++m) {
-      const int qr = qr0 + m;
-      if (qr < 0 || qr >= g.src_rows) continue;  // zero padding
-      const T* rp = sn + qr * row_elems + qc0 * g.c;
-      float sv[L][kVc];
-#pragma unroll
-      for (int l = 0; l < L; ++l, rp += g.c) {
-        if (cmask & (1u << l)) {
-          LdGlobalAcc<T, float, kVc>(rp, sv[l]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < kVc; ++i) sv[l][i] = 0.f;
-        }
-      }
+    // Source row m's contribution: every (destination row, window row) pair it feeds. kJ (a constant where inlined):
+    // the destination rows it is known to feed (bit j), or 0 to test each. (A generic lambda crashed cudafe++.)
+    const auto accumulate = [&](int m, const float (&sv)[L][kVc], int kJ) {
 #pragma unroll
       for (int j = 0; j < TH; ++j) {
+        if (kJ != 0 && !(kJ >> j & 1)) continue;
         // the window row that connects source row m to destination row j
         const int r = MODE == Mode::kFwd ? m - j * g.sh : j + 2 * hh - 2 * m;
-        if (r < 0 || r >= g.kh) continue;
+        if (kJ == 0 && (r < 0 || r >= g.kh)) continue;
         const float4* wr = wsm + v * tstride + r * KW;
 #pragma unroll
         for (int s = 0; s < KW; ++s) {
@@ -150,28 +178,63 @@ __global__ void __launch_bounds__(kThreads) DwRowKernel(const DwRowArgs g, const
           }
         }
       }
+    };
+    // Interior items (every source row and column inside the image, most of them) of the unit-stride 7-wide
+    // and one-row forwards: no per-column predicates or zero fills, and the source rows in runs that feed the same
+    // destination rows, so no branch splits a row's work. Runs 199, 201: ConvNeXt 7x7 bf16 53.4 -> 51.4 us, Mamba
+    // k=4 f32 147 -> 136. Not for the 3x3 kernels: there the second loop made ptxas interleave the predicated
+    // loop's loads with the unpacking and MobileNetV2 lost more than it gained. The choice is warp-uniform: a warp
+    // holds one or two items, and one taking each path would run both (per lane, MobileNetV2 was 30 % slower).
+    constexpr bool kInterior = MODE == Mode::kFwd && S == 1 && (KW == 7 || TH == 1);
+    const bool inside = cmask == (1u << L) - 1 && qr0 >= 0 && qr0 + rows <= g.src_rows;
+    if (kInterior && __all_sync(__activemask(), inside)) {
+      const T* rp = sn + qr0 * row_elems + qc0 * g.c;
+      const auto run = [&](int m0, int m1, int jset) {
+        const T* q = rp + m0 * row_elems;
+#pragma unroll 1
+        for (int m = m0; m < m1; ++m, q += row_elems) {
+          // The row's L loads first, as raw words, then their unpacking: loaded and unpacked column by column,
+          // ptxas interleaved the loads with the FMAs and the round trips ran one after another.
+          using Raw = std::conditional_t<sizeof(T) * kVc == 16, uint4, uint2>;
+          constexpr int kW = sizeof(Raw) / 4;
+          Raw raw[L];
+#pragma unroll
+          for (int l = 0; l < L; ++l) raw[l] = __ldg(reinterpret_cast<const Raw*>(q + l * g.c));
+          float sv[L][kVc];
+#pragma unroll
+          for (int l = 0; l < L; ++l) {
+            unsigned wd[kW];
+            memcpy(wd, &raw[l], sizeof(Raw));
+            UnpackWords<T, float, kVc>(wd, sv[l]);
+          }
+          accumulate(m, sv, jset);
+        }
+      };
+      if (TH == 1) {
+        run(0, rows, 1);
+      } else {  // row m feeds destination row 0 while m < kh, row 1 from m >= sh (rows = sh + kh)
+        run(0, min(g.sh, g.kh), 1);
+        run(g.sh, g.kh, 3);
+        run(max(g.sh, g.kh), rows, 2);
+      }
+    } else {
+#pragma unroll 1
+      for (int m = 0; m < rows; ++m) {
+        const int qr = qr0 + m;
+        if (qr < 0 || qr >= g.src_rows) continue;  // zero padding
+        const T* rp = sn + qr * row_elems + qc0 * g.c;
+        float sv[L][kVc];
+        LdColumns<T, L>(rp, g.c, cmask, sv);
+        accumulate(m, sv, 0);
+      }
     }
 
     // The activation as a template argument: a runtime switch per element costs more than the stencil's loads.
     const int64_t dn = n * g.dst_img + c0;
     const auto epilogue = [&](auto act_c) {
       constexpr int kAct = decltype(act_c)::value;
-#pragma unroll
-      for (int j = 0; j < TH; ++j) {
-        const int yd = y0 + j;
-        if (yd < 0 || yd >= g.dst_rows) continue;
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-          const int xd = x0 + p;
-          if (xd < 0 || xd >= g.dst_cols) continue;
-          float o[kVc];
-#pragma unroll
-          for (int i = 0; i < kVc; ++i) o[i] = Activate(acc[j][p][i] + b[i], kAct);
-          const int64_t off = dn + (yd * g.dst_cols + xd) * g.c;
-          if (g.out_f32) StGlobal<float, float, kVc>(static_cast<float*>(dst) + off, o);
-          else StGlobal<T, float, kVc>(static_cast<T*>(dst) + off, o);
-        }
-      }
+      if (g.out_f32) StoreTile<float, TH, P, kAct>(static_cast<float*>(dst) + dn, acc, b, y0, x0, g);
+      else StoreTile<T, TH, P, kAct>(static_cast<T*>(dst) + dn, acc, b, y0, x0, g);
     };
     WithActivation(g.act, epilogue);
   }
@@ -239,15 +302,7 @@ __global__ void __launch_bounds__(kThreads) DwRowWgradKernel(const DwRowArgs g, 
         if (r >= g.kh || qr < 0 || qr >= g.src_rows) continue;  // padding rows add nothing
         const T* rp = sn + qr * row_elems + qc0 * g.c;
         float sv[L][kVc];
-#pragma unroll
-        for (int l = 0; l < L; ++l, rp += g.c) {
-          if (cmask & (1u << l)) {
-            LdGlobalAcc<T, float, kVc>(rp, sv[l]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < kVc; ++i) sv[l][i] = 0.f;
-          }
-        }
+        LdColumns<T, L>(rp, g.c, cmask, sv);
 #pragma unroll
         for (int p = 0; p < P; ++p) {
           if (!(pmask & (1u << p))) continue;
