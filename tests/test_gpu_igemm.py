@@ -211,6 +211,30 @@ def test_igemm_gemm_bias_activation(name, act, math, rng):
   cu.assert_close(y, ref, tol, f"act={act} {math}")
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_igemm_first_layer_3xtf32_nonfinite(batch, rng):
+  """The fused first-layer forward at HIGHEST (3xTF32) splits each operand into TF32 parts: a NaN or inf input
+  reaches exactly the outputs whose windows hold it (non-finite there, as in the float64 reference) and no other.
+  Batch 1 is one wave of tiles (split in registers), batch 2 more (split when staged, several tiles per block)."""
+  hw = 23 if batch == 1 else 160
+  x = cu.randn(rng, (batch, hw, hw + 2, 3), np.float32)
+  x[0, 5, 7, 1] = np.nan
+  x[-1, -1, -4, 0] = np.inf
+  w = cu.randn(rng, (7, 7, 3, 64), np.float32)
+  conv = functools.partial(jaxconv.conv2d, stride=(2, 2), padding=((3, 3), (3, 3)), algorithm="implicit_gemm",
+                           precision="highest")
+  with cu.gpu_context("float32"):
+    y = np.asarray(jax.jit(conv)(cu.to_gpu(x), cu.to_gpu(w)))
+  kw = cu.channels_last_lax_kw(2, (2, 2), ((3, 3), (3, 3)), (1, 1))
+  hit = ~np.isfinite(x)
+  # The outputs whose windows hold a non-finite input, and the reference of the others (their inputs finite).
+  bad = cu.ref_conv(hit.astype(np.float32), np.ones_like(w), **kw) > 0
+  ref = cu.ref_conv(np.where(hit, 0, x), w, **kw)
+  assert bad.any() and not bad.all()
+  np.testing.assert_array_equal(~np.isfinite(y), bad)
+  cu.assert_close(np.where(bad, 0, y), np.where(bad, 0, ref), cu.tolerance("float32"), "finite outputs")
+
+
 def test_igemm_first_layer_deterministic(rng):
   """The first-layer route's filter gradient (chunks' f32 partial filters summed in chunk order) and its
   gathered data gradient are bitwise stable across reruns, over several chunks."""

@@ -216,10 +216,11 @@ __host__ __device__ constexpr int FwColsLd(int jt) { return jt + 8; }
 struct TileOrigin {
   int n, w_lo;
 };
+template <int kThreads = kFwThreads>
 __device__ __forceinline__ TileOrigin FillRowTable(const Geometry& g, int row, int q0, int* __restrict__ rowtab) {
   const int pp = row % g.out[1], zq = row / g.out[1];
   const int z = zq % g.out[0], w_lo = q0 * g.stride[2] - g.pad_lo[2];
-  for (int tr = threadIdx.x; tr < g.win0 * g.win1; tr += kFwThreads) {
+  for (int tr = threadIdx.x; tr < g.win0 * g.win1; tr += kThreads) {
     const int t = tr / g.win1, r = tr - t * g.win1;
     const int d = z * g.stride[0] - g.pad_lo[0] + t * g.dil[0], h = pp * g.stride[1] - g.pad_lo[1] + r * g.dil[1];
     const bool ok = static_cast<unsigned>(d) < static_cast<unsigned>(g.in[0]) &&
@@ -229,11 +230,11 @@ __device__ __forceinline__ TileOrigin FillRowTable(const Geometry& g, int row, i
   return TileOrigin{zq / g.out[0], w_lo};
 }
 
-// Patch elements i0 + u * kFwThreads (u < N) into val, as StagePatch stages them (rows of wt * c elements, zeros
+// Patch elements i0 + u * kThreads (u < N) into val, as StagePatch stages them (rows of wt * c elements, zeros
 // outside the image and past the patch), from the row table (written before a barrier). All N loads are issued
 // before any use: they are latency-bound (one round trip per element had the fused filter gradient as slow as the
 // chunked route).
-template <int N, class E>
+template <int N, int kThreads = kFwThreads, class E>
 __device__ __forceinline__ void LoadPatchElems(const Geometry& g, const E* __restrict__ x, TileOrigin o,
                                                const int* __restrict__ rowtab, int i0, E (&val)[N]) {
   const int span = g.wt * g.c, patch_elems = g.win0 * g.win1 * span;
@@ -244,25 +245,24 @@ __device__ __forceinline__ void LoadPatchElems(const Geometry& g, const E* __res
   for (int u = 0; u < N; ++u) val[u] = E{};
 #pragma unroll
   for (int u = 0; u < N; ++u) {
-    if (i0 + u * kFwThreads >= patch_elems) break;  // small patches (batch-1 tiles) skip the idle slots' stepping
+    if (i0 + u * kThreads >= patch_elems) break;  // small patches (batch-1 tiles) skip the idle slots' stepping
     const int ro = rowtab[tr];
     if (ro != kNoRow && e >= e_lo && e < e_hi) val[u] = xn[ro + e];
-    for (e += kFwThreads; e >= span; e -= span) ++tr;
+    for (e += kThreads; e >= span; e -= span) ++tr;
   }
 }
 
-// Stages the tile's patch, elements `begin` on, each through cvt, kFwBatch loads per thread in flight.
-template <class E, class Cvt>
+// Stages the tile's patch, elements `begin` on, put(i, value) storing element i, kFwBatch loads per thread in flight.
+template <int kThreads = kFwThreads, class E, class Put>
 __device__ __forceinline__ void LoadPatch(const Geometry& g, const E* __restrict__ x, TileOrigin o,
-                                          const int* __restrict__ rowtab, E* __restrict__ patch, Cvt cvt,
-                                          int begin = 0) {
+                                          const int* __restrict__ rowtab, Put put, int begin = 0) {
   const int patch_elems = g.win0 * g.win1 * g.wt * g.c;
-  for (int i0 = begin + threadIdx.x; i0 < patch_elems; i0 += kFwBatch * kFwThreads) {
+  for (int i0 = begin + threadIdx.x; i0 < patch_elems; i0 += kFwBatch * kThreads) {
     E val[kFwBatch];
-    LoadPatchElems(g, x, o, rowtab, i0, val);
+    LoadPatchElems<kFwBatch, kThreads>(g, x, o, rowtab, i0, val);
 #pragma unroll
     for (int u = 0; u < kFwBatch; ++u) {
-      if (i0 + u * kFwThreads < patch_elems) patch[i0 + u * kFwThreads] = cvt(val[u]);
+      if (i0 + u * kThreads < patch_elems) put(i0 + u * kThreads, val[u]);
     }
   }
 }
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry
       dyw[u] = ml < qn && k0 + v < k_total ? *reinterpret_cast<const uint4*>(dyr + static_cast<int64_t>(ml) * k_total + v)
                                            : make_uint4(0, 0, 0, 0);
     }
-    LoadPatch(g, x, o, rowtab, patch, [](uint16_t v) { return v; });
+    LoadPatch(g, x, o, rowtab, [&](int i, uint16_t v) { patch[i] = v; });
 #pragma unroll
     for (int u = 0; u < kFwDyWords; ++u) {
       const int i = tid + u * kFwThreads;
@@ -376,13 +376,13 @@ __global__ void __launch_bounds__(kFwThreads, 3) FusedWgradKernel(const Geometry
 // loops over pixel tiles (qt <= kFfPix pixels of one output row): it stores the tile's patch (loaded into registers
 // during the previous tile's MMAs: a tile's own loads, issued after its barrier, left the warps waiting on them),
 // unrolls its cols into shared memory (16-bit; see the kernel for f32), runs mma.sync with f32 accumulators and
-// applies the epilogue from the registers. Operands: bf16/f16 (m16n8k16); f32 as TF32 (m16n8k8), rounded once when staged; f32 as 3xTF32
-// (kSplit: each fragment split into big and small TF32 parts in registers, three products).
-constexpr int kFfPix = 64;        // pixels per tile (MMA M); 4 warps as 2 x 2, 32 pixels x 32 channels each
-constexpr int kFfK = 64;          // output channels per block (MMA N)
+// applies the epilogue from the registers. Operands: bf16/f16 (m16n8k16); f32 as TF32 (m16n8k8), rounded once when
+// staged; f32 as 3xTF32 (each value split into big and small TF32 parts, three products; FfMath).
+constexpr int kFfPix = 64;        // pixels per tile (MMA M): 2 rows of warps, 32 pixels each
+constexpr int kFfK = 64;          // output channels per block (MMA N): WN columns of warps, 64 / WN channels each
 constexpr int kFfMaxRows = 160;   // taps * c of the filter slice: a 7x7 stem's 147
-constexpr int kFfPre = 24;        // patch elements per thread prefetched in registers (a 7x7 stem's tile: 20)
-constexpr int kFfWBatch = 8;      // 16-byte filter vectors per thread in flight (a 7x7 f32 stem's slice: 20)
+constexpr int kFfPreElems = 3072; // patch elements per block prefetched in registers (a 7x7 stem's tile: 2457)
+constexpr int kFfWBatch = 10;     // 16-byte filter vectors per thread in flight (a 7x7 bf16 stem's slice: 10)
 constexpr size_t kFfMaxPatch = size_t(48) << 10;
 __host__ __device__ constexpr int FfKStep(int elem) { return elem == 2 ? 16 : 8; }
 __host__ __device__ constexpr int FfRowsPadded(int rows, int elem) {
@@ -395,6 +395,9 @@ __host__ __device__ constexpr int FfColsLd(int jp, int elem) { return jp + (elem
 __host__ __device__ constexpr int FfSliceElems(int jp, int elem) {
   return elem == 2 ? jp * (kFfK + 8) : kFfK * (jp + 4);
 }
+// 3xTF32 split when staged (kFfSplitStaged) keeps the slice's big parts, then its small parts; the patch's big parts
+// in the first patch buffer, its small parts in the second (the others double-buffer the patch instead).
+__host__ __device__ constexpr int FfSlices(bool staged) { return staged ? 2 : 1; }
 // A patch buffer: the patch, then zeros that the columns past rows read (table[j] = patch_elems) for every pixel row.
 __host__ __device__ constexpr int64_t FfPatchElems(int64_t patch_elems, int64_t sc) {
   return patch_elems + (kFfPix - 1) * sc + 1;
@@ -406,6 +409,14 @@ __device__ __forceinline__ uint32_t Tf32Bits(float v) {
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
 #endif
   return r;
+}
+
+// v = big + small for 3xTF32: big is v rounded to TF32 (to nearest, ties away, as cvt.rna, which sm_90 emulates in
+// four instructions; NaN excepted: small carries it), small = v - big exactly, which the MMA truncates to TF32
+// (error below 2^-21 |v|). The small x small product is dropped.
+__device__ __forceinline__ float2 SplitTf32(float v) {
+  const float big = __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+  return make_float2(big, v - big);
 }
 
 __device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -423,21 +434,34 @@ __device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], u
 // kernel's instructions, and cols' shared memory halved its occupancy: DEVICE_RUNS 113), so the patch is double
 // buffered. Either way columns past rows read a zero tail behind the patch (FfPatchElems) and rows past qn are
 // never stored.
-template <class T, bool kSplit>
-__global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, const T* __restrict__ x,
-                                                             const T* __restrict__ w, const T* __restrict__ bias,
-                                                             int k_total, int row_count, int act, T* __restrict__ y) {
-  constexpr int kE = sizeof(T);
+// How f32 operands enter the MMAs (16-bit operands take kFfTf32, which leaves them as they are): TF32, rounded when
+// staged; 3xTF32 split when staged, each value once per block or tile (the MMA loop takes 98 instructions per k step
+// so, and took 190 splitting its fragments with cvt.rna: SASS); 3xTF32 split in registers, per fragment.
+enum FfMath { kFfTf32 = 0, kFfSplitStaged = 1, kFfSplitRegs = 2 };
+// WN: columns of warps (2: 128 threads, 32 channels per warp; 4: 256 threads, 16 channels per warp, for grids of
+// one wave). Registers: kFfSplitStaged at 128 threads may take up to 255 (its shared memory allows two blocks per SM
+// anyway), everything else stays within 128 (four blocks of 128 threads or two of 256 per SM).
+
+template <class T, int kMath, int WN>
+__global__ void __launch_bounds__(64 * WN, kMath == kFfSplitStaged && WN == 2 ? 2 : 8 / WN)
+    FusedFwdKernel(const Geometry g, const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                   int k_total, int row_count, int act, T* __restrict__ y) {
+  constexpr int kE = sizeof(T), kThreads = 64 * WN, kWc = kFfK / WN, kNi = kWc / 8;  // kNi n8 tiles per warp
+  constexpr int kFfPre = kFfPreElems / kThreads;
+  constexpr bool kSplit = kMath != kFfTf32, kStaged = kMath == kFfSplitStaged;
   constexpr bool kTf32 = std::is_same_v<T, float> && !kSplit;  // operands rounded to TF32 once, when staged
+  static_assert(!kSplit || kE == 4, "3xTF32 splits float32 operands");
+  constexpr int kPatchBufs = kE == 4 ? 2 : 1;  // f32: a double buffer, or kStaged's big and small parts
   extern __shared__ int4 smem4[];
   const int jp = FfRowsPadded(g.rows, kE), cld = FfColsLd(jp, kE), rows_tr = g.win0 * g.win1;
   const int rt4 = (rows_tr + 3) / 4 * 4, patch_elems = rows_tr * g.wt * g.c, sc = g.stride[2] * g.c;
   const int pbuf = static_cast<int>(FfPatchElems(patch_elems, sc));  // < 2^31: MakeFusedFwdPlan's bound
-  T* ws = reinterpret_cast<T*>(smem4);                   // the filter slice w'[j, k0 + n] (FfSliceElems), zero-padded
-  T* colss = ws + FfSliceElems(jp, kE);                  // 16-bit: [kFfPix][cld], the tile's cols
+  const int slice_elems = FfSliceElems(jp, kE);
+  T* ws = reinterpret_cast<T*>(smem4);                   // the filter slice w'[j, k0 + n] (FfSlices of it), zero-padded
+  T* colss = ws + FfSlices(kStaged) * slice_elems;       // 16-bit: [kFfPix][cld], the tile's cols
   int* table = reinterpret_cast<int*>(colss + (kE == 2 ? kFfPix * cld : 0));  // [jp]: column j's patch offset
   int* rowtabs = table + jp;                             // [2][rt4]: the row tables of this tile and the next
-  T* patches = reinterpret_cast<T*>(rowtabs + 2 * rt4);  // f32: [2][pbuf], 16-bit: [pbuf]
+  T* patches = reinterpret_cast<T*>(rowtabs + 2 * rt4);  // [kPatchBufs][pbuf]
   const int tid = threadIdx.x, lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6;
   const int k0 = blockIdx.y * kFfK;
   const auto cvt = [](T v) {
@@ -449,7 +473,7 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
   const int segs = (g.out[2] + g.qt - 1) / g.qt, tiles = row_count * segs;
   const auto origin = [&](int b, int* rowtab) {
     const int row = b / segs;
-    return FillRowTable(g, row, (b - row * segs) * g.qt, rowtab);
+    return FillRowTable<kThreads>(g, row, (b - row * segs) * g.qt, rowtab);
   };
   T pre[kFfPre];
   int b = blockIdx.x, parity = 0;
@@ -457,17 +481,32 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
   if (b < tiles) {
     cur = origin(b, rowtabs);
     __syncthreads();
-    LoadPatchElems(g, x, cur, rowtabs, tid, pre);
+    LoadPatchElems<kFfPre, kThreads>(g, x, cur, rowtabs, tid, pre);
   }
   // The slice as 16-byte vectors of kVw channels (k_total % kVw == 0 and w 16-byte aligned: FusedFwd), kFfWBatch
   // loads in flight per thread: element by element, one round trip each, it was half the stem's time at batch 1
-  // (ncu, DEVICE_RUNS 139).
+  // (ncu, DEVICE_RUNS 139). Vector slot i is row j, channels n..n+kVw-1. 16-bit copies rows as they are; f32
+  // transposes them into k-major rows with scalar stores, so a warp takes 16 rows x 2 vectors (32-byte runs of
+  // each row) and its lanes' stores fall in distinct banks (a warp along one row had them 8-way conflicted: 84 % of
+  // the shared-store wavefronts on the stem b1, ncu run 144).
   constexpr int kVw = 16 / kE, kRowVecs = kFfK / kVw;
-  for (int i0 = tid; i0 < jp * kRowVecs; i0 += kFfWBatch * kFwThreads) {
+  const auto slot = [](int i, int& j, int& n) {
+    if constexpr (kE == 2) {
+      j = i / kRowVecs;
+      n = (i - j * kRowVecs) * kVw;
+    } else {
+      const int grp = i >> 5, jb = grp / (kRowVecs / 2), vp = grp - jb * (kRowVecs / 2);
+      j = jb * 16 + (i & 15);
+      n = (vp * 2 + ((i >> 4) & 1)) * kVw;
+    }
+  };
+  const int slots = (kE == 2 ? jp : (jp + 15) / 16 * 16) * kRowVecs;  // rows j >= jp are skipped
+  for (int i0 = tid; i0 < slots; i0 += kFfWBatch * kThreads) {
     int4 v[kFfWBatch];
 #pragma unroll
     for (int u = 0; u < kFfWBatch; ++u) {
-      const int i = i0 + u * kFwThreads, j = i / kRowVecs, n = (i - j * kRowVecs) * kVw;
+      int j, n;
+      slot(i0 + u * kThreads, j, n);
       v[u] = make_int4(0, 0, 0, 0);
       if (j < g.rows && k0 + n < k_total) {
         v[u] = __ldg(reinterpret_cast<const int4*>(w + static_cast<int64_t>(j) * k_total + k0 + n));
@@ -475,27 +514,37 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
     }
 #pragma unroll
     for (int u = 0; u < kFfWBatch; ++u) {
-      const int i = i0 + u * kFwThreads, j = i / kRowVecs, n = (i - j * kRowVecs) * kVw;
-      if (j >= jp) break;
+      int j, n;
+      slot(i0 + u * kThreads, j, n);
+      if (j >= jp) continue;
       if constexpr (kE == 2) {
         *reinterpret_cast<int4*>(ws + j * (kFfK + 8) + n) = v[u];  // rows of 144 bytes: 16-byte aligned
       } else {
         const float* e = reinterpret_cast<const float*>(&v[u]);
 #pragma unroll
-        for (int q = 0; q < kVw; ++q) ws[(n + q) * (jp + 4) + j] = cvt(e[q]);
+        for (int q = 0; q < kVw; ++q) {
+          const int at = (n + q) * (jp + 4) + j;
+          if constexpr (kStaged) {
+            const float2 bs = SplitTf32(e[q]);
+            ws[at] = bs.x;
+            ws[slice_elems + at] = bs.y;
+          } else {
+            ws[at] = cvt(e[q]);
+          }
+        }
       }
     }
   }
-  for (int j = tid; j < jp; j += kFwThreads) table[j] = j < g.rows ? PatchOffset(g, j) : patch_elems;
-  for (int i = patch_elems + tid; i < pbuf; i += kFwThreads) {
-    patches[i] = T{};
-    if constexpr (kE == 4) patches[pbuf + i] = T{};
+  for (int j = tid; j < jp; j += kThreads) table[j] = j < g.rows ? PatchOffset(g, j) : patch_elems;
+  for (int i = patch_elems + tid; i < pbuf; i += kThreads) {
+#pragma unroll
+    for (int u = 0; u < kPatchBufs; ++u) patches[u * pbuf + i] = T{};
   }
   // This thread's output channels and their bias, the same on every tile.
-  float bias_v[4][2];
+  float bias_v[kNi][2];
 #pragma unroll
-  for (int ni = 0; ni < 4; ++ni) {
-    const int n = k0 + wn * 32 + ni * 8 + (lane & 3) * 2;  // k_total is even: n < k_total implies n + 1 < it
+  for (int ni = 0; ni < kNi; ++ni) {
+    const int n = k0 + wn * kWc + ni * 8 + (lane & 3) * 2;  // k_total is even: n < k_total implies n + 1 < it
     bias_v[ni][0] = bias != nullptr && n < k_total ? ToAcc(bias[n]) : 0.f;
     bias_v[ni][1] = bias != nullptr && n < k_total ? ToAcc(bias[n + 1]) : 0.f;
   }
@@ -503,17 +552,30 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
     const int row = b / segs, q0 = (b - row * segs) * g.qt, qn = min(g.qt, g.out[2] - q0);
     const int* rowtab = rowtabs + parity * rt4;
     int* next_rowtab = rowtabs + (parity ^ 1) * rt4;
-    T* patch = patches + (kE == 4 ? parity * pbuf : 0);
+    T* patch = patches + (kE == 4 && !kStaged ? parity * pbuf : 0);
     // The next tile's row table: the other buffer, last read for the previous tile (before its first barrier).
     const bool has_next = b + static_cast<int>(gridDim.x) < tiles;
     TileOrigin next{};
     if (has_next) next = origin(b + gridDim.x, next_rowtab);
-    // This patch buffer was last read before the previous barrier (16-bit: the previous tile's second one).
+    // kStaged's one buffer was read by the previous tile's MMAs.
+    if constexpr (kStaged) {
+      if (b != static_cast<int>(blockIdx.x)) __syncthreads();
+    }
+    // Else this patch buffer was last read before the previous barrier (16-bit: the previous tile's second one).
+    const auto put = [&](int i, T v) {
+      if constexpr (kStaged) {
+        const float2 bs = SplitTf32(v);
+        patch[i] = bs.x;
+        patch[pbuf + i] = bs.y;
+      } else {
+        patch[i] = cvt(v);
+      }
+    };
 #pragma unroll
     for (int u = 0; u < kFfPre; ++u) {
-      if (tid + u * kFwThreads < patch_elems) patch[tid + u * kFwThreads] = cvt(pre[u]);
+      if (tid + u * kThreads < patch_elems) put(tid + u * kThreads, pre[u]);
     }
-    if (patch_elems > kFfPre * kFwThreads) LoadPatch(g, x, cur, rowtab, patch, cvt, kFfPre * kFwThreads);  // the rest
+    if (patch_elems > kFfPreElems) LoadPatch<kThreads>(g, x, cur, rowtab, put, kFfPreElems);  // the rest
     __syncthreads();  // the patch (on the first tile also ws, table and the zero tails) and the next row table written
     if constexpr (kE == 2) {
       // cols[ml, j] = patch[table[j] + ml * stride * c]; work items of 8 pixels and a column pair (one word),
@@ -531,17 +593,17 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
         for (int i = 0; i < 8; ++i) {
           if (m0 + i < qn) dst[i * cwl] = uint32_t(s0[i * sc]) | (uint32_t(s1[i * sc]) << 16);
         }
-        for (jq += kFwThreads; jq >= pairs; jq -= pairs) m0 += 8;
+        for (jq += kThreads; jq >= pairs; jq -= pairs) m0 += 8;
       }
       __syncthreads();  // cols written; every thread is done with the patch
     }
-    if (has_next) LoadPatchElems(g, x, next, next_rowtab, tid, pre);
+    if (has_next) LoadPatchElems<kFfPre, kThreads>(g, x, next, next_rowtab, tid, pre);
     cur = next;
-    float acc[2][4][4];
+    float acc[2][kNi][4];
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
+      for (int ni = 0; ni < kNi; ++ni) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
       }
@@ -558,10 +620,10 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
           LdMatrix<4>(a[mi], cs + (wm * 32 + mi * 16 + (lane & 15)) * cld + kk + ((lane >> 4) << 3));
         }
 #pragma unroll
-        for (int ni = 0; ni < 4; ni += 2) {
+        for (int ni = 0; ni < kNi; ni += 2) {
           uint32_t bq[4];
           const int jr = kk + (lane & 7) + (((lane >> 3) & 1) << 3);
-          LdMatrix<4, true>(bq, wsb + jr * (kFfK + 8) + wn * 32 + ni * 8 + ((lane >> 4) << 3));
+          LdMatrix<4, true>(bq, wsb + jr * (kFfK + 8) + wn * kWc + ni * 8 + ((lane >> 4) << 3));
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[mi][ni], a[mi], bq[0], bq[1]);
@@ -574,7 +636,6 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
       // pixel rows past qn clamped to the last; B (j t | t + 4, k g) by ldmatrix on 32-bit elements (an 8x8 b16
       // matrix is 8 rows of 4 elements, thread l getting element l % 4 of row l / 4) from the k-major slice, lanes
       // 8-15 at j + 4, lanes 16-31 at the next n tile.
-      const uint32_t* pw = reinterpret_cast<const uint32_t*>(patch);
       const float* wsk = reinterpret_cast<const float*>(ws);
       const int gq = lane >> 2, tq = lane & 3;
       int rm[2][2];
@@ -584,38 +645,49 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
         for (int h = 0; h < 2; ++h) rm[mi][h] = min(wm * 32 + mi * 16 + gq + h * 8, qn - 1) * sc;
       }
       for (int kk = 0; kk < jp; kk += 8) {
-        uint32_t a[2][4], bb[2][4];
+        uint32_t a[2][4], bb[kNi / 2][4], as[2][4], bs[kNi / 2][4];  // as, bs: kSplit's small parts
         const int o0 = table[kk + tq], o1 = table[kk + tq + 4];
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          a[mi][0] = pw[o0 + rm[mi][0]];
-          a[mi][1] = pw[o0 + rm[mi][1]];
-          a[mi][2] = pw[o1 + rm[mi][0]];
-          a[mi][3] = pw[o1 + rm[mi][1]];
-        }
+          const int at[4] = {o0 + rm[mi][0], o0 + rm[mi][1], o1 + rm[mi][0], o1 + rm[mi][1]};
 #pragma unroll
-        for (int nj = 0; nj < 2; ++nj) {
-          const int nr = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-          LdMatrix<4>(bb[nj], wsk + nr * (jp + 4) + kk + (((lane >> 3) & 1) << 2));
-        }
-        if constexpr (kSplit) {
-          // v = big + small, both TF32; the small x small product (below 2^-22 of the result) is dropped.
-          uint32_t as[2][4], bs[2][4];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const float va = __uint_as_float(a[i][r]), vb = __uint_as_float(bb[i][r]);
-              a[i][r] = Tf32Bits(va);
-              as[i][r] = Tf32Bits(va - __uint_as_float(a[i][r]));
-              bb[i][r] = Tf32Bits(vb);
-              bs[i][r] = Tf32Bits(vb - __uint_as_float(bb[i][r]));
-            }
+          for (int r = 0; r < 4; ++r) {
+            a[mi][r] = __float_as_uint(patch[at[r]]);
+            if constexpr (kStaged) as[mi][r] = __float_as_uint(patch[pbuf + at[r]]);
           }
+        }
+#pragma unroll
+        for (int nj = 0; nj < kNi / 2; ++nj) {
+          const int nr = wn * kWc + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const float* at = wsk + nr * (jp + 4) + kk + (((lane >> 3) & 1) << 2);
+          LdMatrix<4>(bb[nj], at);
+          if constexpr (kStaged) LdMatrix<4>(bs[nj], at + slice_elems);
+        }
+        if constexpr (kMath == kFfSplitRegs) {
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
+            for (int r = 0; r < 4; ++r) {
+              const float2 v = SplitTf32(__uint_as_float(a[mi][r]));
+              a[mi][r] = __float_as_uint(v.x);
+              as[mi][r] = __float_as_uint(v.y);
+            }
+          }
+#pragma unroll
+          for (int nj = 0; nj < kNi / 2; ++nj) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const float2 v = SplitTf32(__uint_as_float(bb[nj][r]));
+              bb[nj][r] = __float_as_uint(v.x);
+              bs[nj][r] = __float_as_uint(v.y);
+            }
+          }
+        }
+        if constexpr (kSplit) {
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+            for (int ni = 0; ni < kNi; ++ni) {
               MmaTf32(acc[mi][ni], as[mi], bb[ni >> 1][(ni & 1) * 2], bb[ni >> 1][(ni & 1) * 2 + 1]);
               MmaTf32(acc[mi][ni], a[mi], bs[ni >> 1][(ni & 1) * 2], bs[ni >> 1][(ni & 1) * 2 + 1]);
             }
@@ -624,7 +696,7 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-          for (int ni = 0; ni < 4; ++ni) {
+          for (int ni = 0; ni < kNi; ++ni) {
             MmaTf32(acc[mi][ni], a[mi], bb[ni >> 1][(ni & 1) * 2], bb[ni >> 1][(ni & 1) * 2 + 1]);
           }
         }
@@ -638,8 +710,8 @@ __global__ void __launch_bounds__(kFwThreads) FusedFwdKernel(const Geometry g, c
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
-          const int n = k0 + wn * 32 + ni * 8 + (lane & 3) * 2;
+        for (int ni = 0; ni < kNi; ++ni) {
+          const int n = k0 + wn * kWc + ni * 8 + (lane & 3) * 2;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int ml = wm * 32 + mi * 16 + (lane >> 2) + h * 8;
@@ -797,58 +869,83 @@ struct FusedFwdPlan {
   size_t smem = 0;
 };
 
-FusedFwdPlan MakeFusedFwdPlan(const ConvParams& p, DT in) {
+// staged: 3xTF32 split when staged (two slices). smem_max: the device's opt-in limit per block.
+FusedFwdPlan MakeFusedFwdPlan(const ConvParams& p, DT in, bool staged, size_t smem_max) {
   FusedFwdPlan f;
   const int eb = static_cast<int>(ElemBytes(in));
   const int64_t rows = SpatialCount(p.win) * p.c[0], rows_tr = p.win[0] * p.win[1];
   if (rows > kFfMaxRows) return f;
-  // A patch buffer (the patch and its zero tail, FfPatchElems) of at most kFfMaxPatch bytes: fewer pixels per tile
-  // while it is larger.
+  const int jp = FfRowsPadded(static_cast<int>(rows), eb);
+  // A patch buffer (the patch and its zero tail, FfPatchElems) of at most kFfMaxPatch bytes and shared memory
+  // within the device's limit: fewer pixels per tile while either is larger.
   const auto buffer = [&](int64_t qt) {
     return FfPatchElems(rows_tr * PatchWidth(p, qt) * p.c[0], p.stride[2] * p.c[0]);
   };
+  // f32: the slice (staged 3xTF32: twice) and two buffers' bytes of patch; 16-bit: the slice, cols and one patch buffer
+  // (FusedFwdKernel); then the column and row tables.
+  const auto smem = [&](int64_t qt) {
+    const int64_t elems = FfSlices(staged) * FfSliceElems(jp, eb) +
+                          (eb == 2 ? kFfPix * FfColsLd(jp, eb) + buffer(qt) : 2 * buffer(qt));
+    return static_cast<size_t>(elems * eb + (jp + 2 * CeilDiv(rows_tr, 4) * 4) * 4);
+  };
   int64_t segs = CeilDiv(p.out[2], kFfPix), qt = CeilDiv(p.out[2], segs);
-  while (static_cast<size_t>(buffer(qt) * eb) > kFfMaxPatch) {
+  while (static_cast<size_t>(buffer(qt) * eb) > kFfMaxPatch || smem(qt) > smem_max) {
     if (qt == 1) return f;
     qt = CeilDiv(p.out[2], ++segs);
   }
   const int64_t tiles = p.n[0] * p.out[0] * p.out[1] * segs, kblocks = CeilDiv(p.k[0], kFfK);
   if (tiles > kMaxIndex || kblocks > 65535) return f;
-  const int jp = FfRowsPadded(static_cast<int>(rows), eb);
   f.qt = static_cast<int>(qt);
   f.tiles = tiles;
   f.kblocks = kblocks;
-  // f32: the slice and two patch buffers; 16-bit: the slice, cols and one patch buffer (FusedFwdKernel)
-  const int64_t elems = FfSliceElems(jp, eb) + (eb == 2 ? kFfPix * FfColsLd(jp, eb) + buffer(qt) : 2 * buffer(qt));
-  f.smem = static_cast<size_t>(elems * eb + (jp + 2 * CeilDiv(rows_tr, 4) * 4) * 4);
+  f.smem = smem(qt);
   return f;
 }
 
-// Persistent blocks: as many as fit on the GPU at once (per k block), each looping over tiles.
-template <class T, bool kSplit>
-cudaError_t LaunchFusedFwd(const Geometry& g, const FusedFwdPlan& f, const void* x, const void* w, const void* bias,
-                           int k_total, int act, void* y, cudaStream_t s) {
-  auto* kernel = FusedFwdKernel<T, kSplit>;
+// Persistent blocks: as many as fit on the GPU at once (per k block), each looping over tiles, when the plan
+// applies (*launched); with one_wave, only when that gives every tile a block of its own.
+template <class T, int kMath, int WN>
+cudaError_t LaunchFusedFwd(const ConvParams& p, Geometry g, DT in, const void* x, const void* w, const void* bias,
+                           void* y, cudaStream_t s, bool one_wave, bool* launched) {
+  const FusedFwdPlan f = MakeFusedFwdPlan(p, in, kMath == kFfSplitStaged, SharedMemPerBlockOptin());
+  if (f.tiles == 0) return cudaSuccess;
+  g.qt = f.qt;
+  g.wt = static_cast<int>(PatchWidth(p, f.qt));
+  auto* kernel = FusedFwdKernel<T, kMath, WN>;
+  constexpr int kThreads = 64 * WN;
   cudaError_t e = AllowDynamicSmem(kernel, f.smem);
   if (e != cudaSuccess) return e;
   int64_t resident = 0;
-  if ((e = ResidentBlocks(kernel, kFwThreads, f.smem, f.kblocks, &resident)) != cudaSuccess) return e;
+  if ((e = ResidentBlocks(kernel, kThreads, f.smem, f.kblocks, &resident)) != cudaSuccess) return e;
+  if (one_wave && f.tiles > resident) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(std::min(f.tiles, resident)), static_cast<unsigned>(f.kblocks));
   const int row_count = static_cast<int>(f.tiles / CeilDiv(g.out[2], g.qt));
-  kernel<<<grid, kFwThreads, f.smem, s>>>(g, static_cast<const T*>(x), static_cast<const T*>(w),
-                                          static_cast<const T*>(bias), k_total, row_count, act, static_cast<T*>(y));
+  const int k_total = static_cast<int>(p.k[0]), act = static_cast<int>(p.activation[0]);
+  kernel<<<grid, kThreads, f.smem, s>>>(g, static_cast<const T*>(x), static_cast<const T*>(w),
+                                        static_cast<const T*>(bias), k_total, row_count, act, static_cast<T*>(y));
+  *launched = true;
   return cudaGetLastError();
 }
 
-cudaError_t FusedFwd(const ConvParams& p, const Geometry& g, const FusedFwdPlan& f, DT in, const void* x,
-                     const void* w, const void* bias, void* y, cudaStream_t s) {
-  const int kk = static_cast<int>(p.k[0]), act = static_cast<int>(p.activation[0]);
+// The fused forward when its plan applies (*launched), else nothing.
+cudaError_t FusedFwd(const ConvParams& p, const Geometry& g, DT in, const void* x, const void* w, const void* bias,
+                     void* y, cudaStream_t s, bool* launched) {
   switch (in) {
-    case DT::kBF16: return LaunchFusedFwd<__nv_bfloat16, false>(g, f, x, w, bias, kk, act, y, s);
-    case DT::kF16: return LaunchFusedFwd<__half, false>(g, f, x, w, bias, kk, act, y, s);
-    default:
-      return MathFor(p, in) == IgemmMath::kTF32 ? LaunchFusedFwd<float, false>(g, f, x, w, bias, kk, act, y, s)
-                                                : LaunchFusedFwd<float, true>(g, f, x, w, bias, kk, act, y, s);
+    case DT::kBF16: return LaunchFusedFwd<__nv_bfloat16, kFfTf32, 2>(p, g, in, x, w, bias, y, s, false, launched);
+    case DT::kF16: return LaunchFusedFwd<__half, kFfTf32, 2>(p, g, in, x, w, bias, y, s, false, launched);
+    default: {
+      if (MathFor(p, in) == IgemmMath::kTF32) {
+        return LaunchFusedFwd<float, kFfTf32, 2>(p, g, in, x, w, bias, y, s, false, launched);
+      }
+      // 3xTF32. A grid of one wave (batch-1 first layers: one tile per block) is latency-bound: 8 warps of 16
+      // channels, splitting in registers, for there is no reuse that would repay splitting when staged (run 211:
+      // 32x32 3->64 b1 4.37 µs, the stem b1 14.8; split when staged 4.75 / 16.0). Larger grids stage the operands
+      // split, once per block and tile, with 4 warps, which load each A fragment half as often (the stem b32: 215 µs
+      // in run 210, 247 in run 205 with the fragments split in registers by cvt.rna).
+      const cudaError_t e = LaunchFusedFwd<float, kFfSplitRegs, 4>(p, g, in, x, w, bias, y, s, true, launched);
+      if (e != cudaSuccess || *launched) return e;
+      return LaunchFusedFwd<float, kFfSplitStaged, 2>(p, g, in, x, w, bias, y, s, false, launched);
+    }
   }
 }
 
@@ -893,13 +990,10 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
     return ReduceSplits(in, out, partial, f.splits, pl.rows * kk, out_buf, s);  // fixed split order
   }
   // The fused forward reads the filter as 16-byte vectors of output channels.
-  if (const FusedFwdPlan f = MakeFusedFwdPlan(p, in); op == CudaOp::kFwd && f.tiles > 0 && out == in &&
-                                                      Aligned16(b) && kk % static_cast<int64_t>(16 / eb) == 0 &&
-                                                      DeviceArch() >= 80) {
-    Geometry gf = g;
-    gf.qt = f.qt;
-    gf.wt = static_cast<int>(PatchWidth(p, f.qt));
-    return FusedFwd(p, gf, f, in, a, b, bias, out_buf, s);
+  if (op == CudaOp::kFwd && out == in && Aligned16(b) && kk % static_cast<int64_t>(16 / eb) == 0 &&
+      DeviceArch() >= 80) {
+    bool launched = false;
+    if ((e = FusedFwd(p, g, in, a, b, bias, out_buf, s, &launched)) != cudaSuccess || launched) return e;
   }
   if (workspace_bytes < pl.bytes()) return cudaErrorNotSupported;
   const void* wmat = b;  // fwd/dgrad: the (cr, K) filter matrix

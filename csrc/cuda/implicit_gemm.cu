@@ -727,6 +727,15 @@ int64_t MultiprocessorCount() {
   return sms > 0 ? sms : kPlanSms;
 }
 
+size_t SharedMemPerBlockOptin() {
+  static std::atomic<int> cache[64];
+  const int bytes = CachedPerDevice(cache, [](int dev) {
+    int v = 0;
+    return cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess ? v : 0;
+  });
+  return bytes > 0 ? static_cast<size_t>(bytes) : size_t(48) << 10;
+}
+
 size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   if (Im2colGemmApplies(p, in)) return Im2colGemmWorkspaceBytes(p, op, in, algo);
   // Both paths: the arch (Hopper: the 1x1 GEMMs) is known at run time only.

@@ -117,9 +117,11 @@ cudaError_t COneWgrad(const ConvParams& p, DT in, DT out, const void* x, const v
 
 // Compute capability (major * 10 + minor) of the current device, 0 if unknown (implicit_gemm.cu).
 int DeviceArch();
-// Multiprocessors of the current device, an H100's count (kPlanSms) if unknown (implicit_gemm.cu). Both cached
-// per device.
+// Multiprocessors of the current device, an H100's count (kPlanSms) if unknown (implicit_gemm.cu).
 int64_t MultiprocessorCount();
+// The dynamic shared memory a block of the current device may opt into, 48 KiB if unknown (implicit_gemm.cu). All
+// three cached per device.
+size_t SharedMemPerBlockOptin();
 
 // ---- implicit_gemm.cu: tensor cores through CUTLASS (igemm.h), ImplicitGemmApplies in algorithms.h ----
 // algo: kAlgoImplicitGemm (the Hopper kernels where they apply, else mma.sync) or kAlgoImplicitGemmSm80.
