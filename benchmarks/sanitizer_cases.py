@@ -61,6 +61,10 @@ CASES = [
     ("igemm sm80 strided", 2, (2, 15, 14, 8), (3, 3), 16, 1, (2, 2), (1, 1), ((1, 0), (1, 1)),
      "implicit_gemm_sm80"),
     ("igemm first layer c3", 2, (2, 23, 21, 3), (7, 7), 64, 1, (2, 2), (1, 1), ((3, 3), (3, 3)), "implicit_gemm"),
+    # 320 tiles, more than one wave: the 3xTF32 forward stages its operands split, several tiles per block (the case
+    # above fits one wave and splits in registers)
+    ("igemm first layer c3 waves", 2, (4, 160, 96, 3), (7, 7), 64, 1, (2, 2), (1, 1), ((3, 3), (3, 3)),
+     "implicit_gemm"),
     ("igemm wide wgrad c128", 2, (2, 9, 11, 128), (3, 3), 136, 1, (1, 1), (1, 1), "SAME", "implicit_gemm"),
     ("igemm 1x1 split wgrad", 2, (4, 28, 28, 64), (1, 1), 128, 1, (1, 1), (1, 1), "VALID", "implicit_gemm"),
     ("igemm 3d", 3, (1, 4, 9, 10, 8), (3, 3, 3), 16, 1, (1, 1, 1), (1, 1, 1), "SAME", "implicit_gemm"),
