@@ -432,8 +432,9 @@ __device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4], u
 // or null; tiles: row_count output rows of segs = ceil(out[2] / qt) tiles each; blockIdx.y: the k block.
 // f32 operands skip cols: the MMAs load their A fragments from the patch itself (the unroll had been half the
 // kernel's instructions, and cols' shared memory halved its occupancy: DEVICE_RUNS 113), so the patch is double
-// buffered. Either way columns past rows read a zero tail behind the patch (FfPatchElems) and rows past qn are
-// never stored.
+// buffered (3xTF32 split when staged: one buffer for its big parts, one for its small parts, and a barrier per tile).
+// Either way columns past rows read a zero tail behind the patch (FfPatchElems) and rows past qn are never stored.
+//
 // How f32 operands enter the MMAs (16-bit operands take kFfTf32, which leaves them as they are): TF32, rounded when
 // staged; 3xTF32 split when staged, each value once per block or tile (the MMA loop takes 98 instructions per k step
 // so, and took 190 splitting its fragments with cvt.rna: SASS); 3xTF32 split in registers, per fragment.
@@ -441,7 +442,6 @@ enum FfMath { kFfTf32 = 0, kFfSplitStaged = 1, kFfSplitRegs = 2 };
 // WN: columns of warps (2: 128 threads, 32 channels per warp; 4: 256 threads, 16 channels per warp, for grids of
 // one wave). Registers: kFfSplitStaged at 128 threads may take up to 255 (its shared memory allows two blocks per SM
 // anyway), everything else stays within 128 (four blocks of 128 threads or two of 256 per SM).
-
 template <class T, int kMath, int WN>
 __global__ void __launch_bounds__(64 * WN, kMath == kFfSplitStaged && WN == 2 ? 2 : 8 / WN)
     FusedFwdKernel(const Geometry g, const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
