@@ -464,9 +464,18 @@ __global__ void __launch_bounds__(64 * WN, kMath == kFfSplitStaged && WN == 2 ? 
   T* patches = reinterpret_cast<T*>(rowtabs + 2 * rt4);  // [kPatchBufs][pbuf]
   const int tid = threadIdx.x, lane = tid & 31, wm = (tid >> 5) & 1, wn = tid >> 6;
   const int k0 = blockIdx.y * kFfK;
-  const auto cvt = [](T v) {
-    if constexpr (kTf32) return __uint_as_float(Tf32Bits(v));
-    else return v;
+  // Stores operand value v at p[i] as the MMAs read it: TF32-rounded (kTf32), split with its small part `small`
+  // elements on (kStaged), else as it is.
+  const auto stage = [](T* p, int i, int small, T v) {
+    if constexpr (kStaged) {
+      const float2 bs = SplitTf32(v);
+      p[i] = bs.x;
+      p[small + i] = bs.y;
+    } else if constexpr (kTf32) {
+      p[i] = __uint_as_float(Tf32Bits(v));
+    } else {
+      p[i] = v;
+    }
   };
   // The first tile's patch loads go out before the filter slice's, so the two round trips overlap (32x32 3->64
   // batch 1: 4.25 -> 4.18 µs bf16, 4.80 -> 4.69 f32 HIGHEST; run 185).
@@ -522,16 +531,7 @@ __global__ void __launch_bounds__(64 * WN, kMath == kFfSplitStaged && WN == 2 ? 
       } else {
         const float* e = reinterpret_cast<const float*>(&v[u]);
 #pragma unroll
-        for (int q = 0; q < kVw; ++q) {
-          const int at = (n + q) * (jp + 4) + j;
-          if constexpr (kStaged) {
-            const float2 bs = SplitTf32(e[q]);
-            ws[at] = bs.x;
-            ws[slice_elems + at] = bs.y;
-          } else {
-            ws[at] = cvt(e[q]);
-          }
-        }
+        for (int q = 0; q < kVw; ++q) stage(ws, (n + q) * (jp + 4) + j, slice_elems, e[q]);
       }
     }
   }
@@ -562,15 +562,7 @@ __global__ void __launch_bounds__(64 * WN, kMath == kFfSplitStaged && WN == 2 ? 
       if (b != static_cast<int>(blockIdx.x)) __syncthreads();
     }
     // Else this patch buffer was last read before the previous barrier (16-bit: the previous tile's second one).
-    const auto put = [&](int i, T v) {
-      if constexpr (kStaged) {
-        const float2 bs = SplitTf32(v);
-        patch[i] = bs.x;
-        patch[pbuf + i] = bs.y;
-      } else {
-        patch[i] = cvt(v);
-      }
-    };
+    const auto put = [&](int i, T v) { stage(patch, i, pbuf, v); };
 #pragma unroll
     for (int u = 0; u < kFfPre; ++u) {
       if (tid + u * kThreads < patch_elems) put(tid + u * kThreads, pre[u]);
