@@ -51,6 +51,18 @@ template <class T, class Acc, int N> __device__ __forceinline__ void UnpackWords
   }
 }
 
+// L raw 8- or 16-byte vectors of N T each (loaded as words, all ahead of their first use) converted to Acc.
+template <class T, class Acc, int N, class Raw, int L>
+__device__ __forceinline__ void UnpackVectors(const Raw (&raw)[L], Acc (&o)[L][N]) {
+  static_assert(sizeof(Raw) == N * sizeof(T), "vector size");
+#pragma unroll
+  for (int l = 0; l < L; ++l) {
+    unsigned wd[sizeof(Raw) / 4];
+    memcpy(wd, &raw[l], sizeof(Raw));
+    UnpackWords<T, Acc, N>(wd, o[l]);
+  }
+}
+
 // Loads N consecutive T (8 or 16 bytes, aligned) through the read-only path and converts them to Acc.
 template <class T, class Acc, int N> __device__ __forceinline__ void LdGlobalAcc(const T* p, Acc (&o)[N]) {
   static_assert(N * sizeof(T) == 16 || N * sizeof(T) == 8, "vector size");

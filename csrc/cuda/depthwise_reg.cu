@@ -196,17 +196,11 @@ __global__ void __launch_bounds__(kThreads) DwRowKernel(const DwRowArgs g, const
           // The row's L loads first, as raw words, then their unpacking: loaded and unpacked column by column,
           // ptxas interleaved the loads with the FMAs and the round trips ran one after another.
           using Raw = std::conditional_t<sizeof(T) * kVc == 16, uint4, uint2>;
-          constexpr int kW = sizeof(Raw) / 4;
           Raw raw[L];
 #pragma unroll
           for (int l = 0; l < L; ++l) raw[l] = __ldg(reinterpret_cast<const Raw*>(q + l * g.c));
           float sv[L][kVc];
-#pragma unroll
-          for (int l = 0; l < L; ++l) {
-            unsigned wd[kW];
-            memcpy(wd, &raw[l], sizeof(Raw));
-            UnpackWords<T, float, kVc>(wd, sv[l]);
-          }
+          UnpackVectors<T>(raw, sv);
           accumulate(m, sv, jset);
         }
       };
