@@ -59,13 +59,19 @@ CASES = {
     "1d_k3_c12": ((3, 50, 12), (3,), (1,), ((1, 1),), (1,)),
     "3x3_c264": ((1, 7, 9, 264), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "3d_1x3x3_s2": ((2, 3, 9, 11, 8), (1, 3, 3), (1, 2, 2), ((0, 0), (1, 1), (1, 1)), (1, 1, 1)),
+    # the Hopper TMA 3x3 kernel (depthwise_tma_sm90.cu): two channel tiles, the second partial (C = 40: 32 + 8),
+    # several column tiles with a partial last one, stride 2 on odd sizes with asymmetric pads, pads of 2 and 0
+    # (negative box origins on one side, none on the other; the unit-stride data gradient's pads 0 and 2)
+    "3x3_tma_tiles": ((3, 37, 131, 40), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    "3x3_tma_s2": ((2, 61, 97, 48), (3, 3), (2, 2), ((1, 1), (0, 1)), (1, 1)),
+    "3x3_tma_pad2": ((2, 19, 23, 16), (3, 3), (1, 1), ((2, 0), (0, 2)), (1, 1)),
     # 3-D: the D window loop and D-strided tiles
     "3d_3x3x3": ((1, 5, 9, 11, 16), (3, 3, 3), (2, 1, 1), ((1, 1), (1, 1), (1, 1)), (1, 1, 1)),
 }
 
 ALL_DTYPES = ("float32", "bfloat16", "float16", "float64")
 FULL = ("3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c8", "7x7_c144", "3x3_c6", "3x3_c144_mobilenet",
-        "5x5_s2_c12", "3x3_s2_up_pads")
+        "5x5_s2_c12", "3x3_s2_up_pads", "3x3_tma_tiles")
 
 
 def _params():
@@ -112,7 +118,8 @@ def test_depthwise_fwd_dgrad_wgrad(name, dtype, rng):
   np.testing.assert_array_equal(dw, dw2)
 
 
-EPILOGUE = ["3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c256", "7x7_c144", "31x31_28", "3x3_c264"]
+EPILOGUE = ["3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c256", "7x7_c144", "31x31_28", "3x3_c264", "3x3_tma_tiles",
+            "3x3_tma_s2"]
 ACTS = [None, "relu", "gelu", "silu"]
 OUT_DTYPES = [("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", "float32")]
 
@@ -221,3 +228,47 @@ def test_depthwise_inf_reaches_only_its_windows(dtype, width, rng):
   # the last column pairs only with tap taps-1 (through the last output)
   assert np.all(np.isfinite(dw[:-1])), "wgrad: inf leaked into taps that never see it"
   assert not np.any(np.isfinite(dw[-1]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_3x3_inf_reaches_only_its_windows(dtype, stride, rng):
+  """2-D 3x3 (the TMA kernel on Hopper, else the register stencil): infs in the last row and column reach only the
+  outputs whose windows hold them, also where a tile's columns or rows run past the image (computed, not stored)."""
+  c = 24
+  x = cu.randn(rng, (2, 23, 45, c), dtype)
+  x[1, -1, -1, :] = np.inf
+  x[0, -1, 3, :c // 2] = -np.inf
+  w = cu.randn(rng, (3, 3, 1, c), dtype)
+  pads = ((1, 1), (1, 1))
+  conv = functools.partial(jaxconv.conv2d, stride=stride, padding=list(pads), groups=c, algorithm="depthwise",
+                           precision="highest")
+  y = np.asarray(jax.jit(conv)(cu.to_gpu(x), cu.to_gpu(w))).astype(np.float64)
+  with np.errstate(invalid="ignore"):  # the reference's filter gradient multiplies the infs by zeros
+    ry = _shifted_ref(x, w, np.zeros((2, 23, 45, c)), pads)[0][:, ::stride, ::stride]
+  assert y.shape == ry.shape
+  np.testing.assert_array_equal(np.isfinite(y), np.isfinite(ry))
+  assert not np.all(np.isfinite(ry))
+  fin = np.isfinite(ry)
+  cu.assert_close(np.where(fin, y, 0.0), np.where(fin, ry, 0.0), cu.tolerance(dtype), "finite outputs")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_3x3_many_tiles_per_block(dtype, stride, rng):
+  """Enough tiles that each persistent block of the TMA kernel takes more tiles than it has buffers (its barriers'
+  phases wrap), on odd sizes; the unit-stride data gradient as well (the same kernel with the filter flipped)."""
+  x_shape, pads = ((64, 56, 56, 64) if stride == 1 else (64, 57, 61, 64)), ((1, 1), (1, 1))
+  c = x_shape[-1]
+  conv = functools.partial(jaxconv.conv2d, stride=stride, padding=list(pads), groups=c, algorithm="depthwise",
+                           precision="highest")
+  x = cu.randn(rng, x_shape, dtype)
+  w = cu.randn(rng, (3, 3, 1, c), dtype)
+  y = np.asarray(jax.jit(conv)(cu.to_gpu(x), cu.to_gpu(w)))
+  ct = cu.randn(rng, x_shape, dtype)  # the unit-stride cotangent (its y has x's shape)
+  ry, rdx, _ = _shifted_ref(x, w, ct, pads)
+  cu.assert_close(y, ry[:, ::stride, ::stride], cu.tolerance(dtype), f"fwd stride {stride}")
+  if stride == 1:
+    dx = jax.jit(lambda x, w, ct: jax.vjp(lambda x: conv(x, w), x)[1](ct)[0])(cu.to_gpu(x), cu.to_gpu(w),
+                                                                           cu.to_gpu(ct))
+    cu.assert_close(np.asarray(dx), rdx, cu.tolerance(dtype), "dgrad")

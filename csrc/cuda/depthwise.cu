@@ -1037,6 +1037,9 @@ cudaError_t TryDwVecWgrad(const ConvParams& p, DT in, const void* x, const void*
 cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
                          cudaStream_t s) {
   bool launched = false;
+  if (const cudaError_t e = DepthwiseTmaFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
   if (const cudaError_t e = DepthwiseRegFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
     return e;
   }
@@ -1070,6 +1073,9 @@ cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, cons
 cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                            cudaStream_t s) {
   bool launched = false;
+  if (const cudaError_t e = DepthwiseTmaDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
   if (const cudaError_t e = DepthwiseRegDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
     return e;
   }

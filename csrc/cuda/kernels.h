@@ -69,6 +69,14 @@ int64_t DepthwiseRegWgradSplits(const ConvParams& p, DT in);
 cudaError_t DepthwiseRegWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
                               void* scratch, int64_t splits, cudaStream_t s, bool* launched);
 
+// depthwise_tma_sm90.cu: the Hopper 3x3 forward and unit-stride data gradient (channels-last 2-D, stride 1 or 2,
+// c * sizeof(T) % 16 == 0, sm_90a builds on a 9.0 device); DepthwiseFwd / DepthwiseDgrad try it before the register
+// stencil. *launched false: not taken.
+cudaError_t DepthwiseTmaFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+                            void* y, cudaStream_t s, bool* launched);
+cudaError_t DepthwiseTmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+                              cudaStream_t s, bool* launched);
+
 // ---- conv1d_long.cu: one spatial dim, stride/dilations 1, few channels, long window ----
 cudaError_t Long1DFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
                       cudaStream_t s);

@@ -1,0 +1,418 @@
+// Depthwise 3x3 forward (and its unit-stride data gradient) on Hopper: channels-last 2-D (a 3-D problem whose D
+// window is 1 folds D into the batch), stride 1 or 2 on both axes, no dilation, float32 / bfloat16 / float16 in,
+// float32 accumulation, c * sizeof(T) a multiple of 16 bytes. DepthwiseFwd / DepthwiseDgrad try it before the
+// register stencil (depthwise_reg.cu).
+//
+// Why a second 3x3 kernel: the register stencil loads its source columns itself and then waits on them. On
+// MobileNetV2's layers (H200, runs 172-212) it moved 2.0-3.1 TB/s at about 33 instructions per output element, a
+// third of them address arithmetic, zero fills and predicates for the padding, and hiding its load latency by hand
+// cost registers that it did not have. Here the tensor memory accelerator brings each tile's source box into shared
+// memory, `stages` tiles ahead of the compute: the padding is the box's out-of-bounds fill (zeros), no thread
+// computes a global address or waits per load, and the compute loop has no predicates.
+//
+// Block = one channel tile (kCb channels, blockIdx.y) x a persistent sequence of spatial tiles (tile_rows x
+// tile_cols destination pixels of one image, tiles blockIdx.x + i * gridDim.x). Item = (4 channels, kTh x kP
+// destination pixels); consumer thread = one item of every tile (its channel vector's 9 filter taps in shared memory)
+// which, per source row, reads its L source columns from shared memory once for up to kTh x kP x 3 FMAs.
+// Pipeline (warp-specialised): a full (transaction) and an empty barrier per buffer; one lane of the last warp
+// issues the boxes, each as soon as every consumer warp has released the buffer's previous tile, so consumer warps
+// never wait on each other. The outputs go from registers to global memory (8- or 16-byte stores per pixel).
+// Run 215 against the register stencil, same build (H200, fwd busy us): MobileNetV2 56^2 bf16 23.5 / 28.1,
+// float32 35.5 / 36.9; stride 2 bf16 29.3 / 33.2, float32 48.8 / 51.0. ncu of an earlier version (run 214): 750
+// instructions per warp and tile for 288 FFMA, issue-bound at 0.55 instructions per scheduler and cycle.
+//
+// Built only with JAXCONV_IGEMM_SM90 (sm_90a; the TMA instructions do not exist before sm_90); otherwise the entry
+// points never launch.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+#if defined(JAXCONV_IGEMM_SM90) && JAXCONV_IGEMM_SM90
+#define JAXCONV_DW_TMA 1
+#include <cuda.h>
+
+#include "cute/arch/copy_sm90_desc.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/cuda_host_adapter.hpp"
+#else
+#define JAXCONV_DW_TMA 0
+#endif
+
+namespace jaxconv {
+namespace cuda {
+
+#if JAXCONV_DW_TMA
+namespace {
+
+constexpr int kVc = 4;          // channels per item
+constexpr int kCb = 32;         // channels per tile (the box's inner extent)
+constexpr int kK = 3;           // window (kK x kK)
+constexpr int kTh = 2, kP = 4;  // destination rows x columns per item
+constexpr int kBlockThreads = 256;              // at most: consumer warps and the producer warp
+constexpr int kMaxThreads = kBlockThreads - 32;  // consumer threads (items per tile) at most
+constexpr int kMaxStages = 4;
+
+struct DwTmaArgs {
+  int dst_rows, dst_cols, c;
+  int tile_rows, tile_cols;   // destination pixels per tile: row_groups * kTh x strips * kP
+  int row_tiles, col_tiles;   // tiles per image
+  int tiles;                  // images * row_tiles * col_tiles
+  int vt, strips, row_groups;  // per tile: channel vectors (kCb / kVc), kP-column strips, kTh-row groups
+  int box_cols, box_rows;     // the source box (its rows are box_cols * kCb elements apart in shared memory)
+  int pad_h, pad_w;           // source coordinate of destination (0, 0)'s window: -pad
+  int stages;
+  unsigned box_bytes, stage_bytes;  // stage_bytes: box_bytes rounded up to 128 (the TMA destination's alignment)
+  int flip, act, has_bias;
+  int64_t dst_img;            // elements per destination image (< 2^31, checked on the host)
+};
+
+// Launch bounds: two blocks per SM at unit stride (at most 128 registers; capped for three, 80 registers spilled and
+// the 56^2 bf16 forward took 28.0 us instead of 23.5, run 215); one at stride 2, whose 135-147 registers ran the
+// stride-2 bf16 forward faster than a cap of 128 (33.7 against 35.6 us, same tiles).
+template <class T, class TO, int S>
+__global__ void __launch_bounds__(kBlockThreads, S == 1 ? 2 : 1)
+    DwTmaKernel(const __grid_constant__ CUtensorMap src_map, const DwTmaArgs g, const T* __restrict__ w,
+                const void* __restrict__ bias, TO* __restrict__ dst) {
+  using Full = cutlass::arch::ClusterTransactionBarrier;
+  using Empty = cutlass::arch::ClusterBarrier;
+  constexpr int L = (kP - 1) * S + kK;   // source columns per item
+  constexpr int R = (kTh - 1) * S + kK;  // source rows per item
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + g.stages * g.stage_bytes);
+  uint64_t* empty = full + kMaxStages;
+  float4* fsm = reinterpret_cast<float4*>(empty + kMaxStages);  // the filter slice, [tap][vt]
+  const int items = g.vt * g.strips * g.row_groups;
+  const int cwarps = (items + 31) / 32;  // consumer warps; warp cwarps is the producer
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  for (int i = threadIdx.x; i < kK * kK * g.vt; i += blockDim.x) {
+    const int tap = i / g.vt, vv = i - tap * g.vt;
+    const int ch = blockIdx.y * kCb + vv * kVc;
+    float f[kVc] = {0.f, 0.f, 0.f, 0.f};
+    if (ch < g.c) LdGlobalAcc<T, float, kVc>(w + static_cast<int64_t>(g.flip ? kK * kK - 1 - tap : tap) * g.c + ch, f);
+    fsm[i] = make_float4(f[0], f[1], f[2], f[3]);
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < g.stages; ++s) {
+      Full::init(&full[s], 1);
+      Empty::init(&empty[s], cwarps);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warp == cwarps) {  // producer: one lane issues the boxes, `stages` tiles ahead of the slowest consumer warp
+    if (lane == 0) {
+      cute::prefetch_tma_descriptor(&src_map);
+      int s = 0, phase = 0;
+      for (int tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
+        Empty::wait(&empty[s], phase ^ 1);  // the buffer's previous tile released (passes at once the first round)
+        const int tc = tile % g.col_tiles, q = tile / g.col_tiles;
+        const int tr = q % g.row_tiles, n = q / g.row_tiles;
+        Full::arrive_and_expect_tx(&full[s], g.box_bytes);
+        cute::SM90_TMA_LOAD_4D::copy(&src_map, &full[s],
+                                     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                     smem + s * g.stage_bytes, blockIdx.y * kCb, tc * g.tile_cols * S + g.pad_w,
+                                     tr * g.tile_rows * S + g.pad_h, n);
+        if (++s == g.stages) s = 0, phase ^= 1;
+      }
+    }
+    return;
+  }
+
+  // Consumer: this thread's item of every tile (fixed: its channel vector, strip and row group).
+  const int v = threadIdx.x % g.vt;
+  const bool active = threadIdx.x < items;
+  const int rest = threadIdx.x / g.vt;
+  const int strip = rest % g.strips, rg = rest / g.strips;
+  const int ch = blockIdx.y * kCb + v * kVc;
+  const bool live = active && ch < g.c;  // the last channel tile may be partial (its box reads zeros past c)
+  float b[kVc] = {0.f, 0.f, 0.f, 0.f};
+  if (live && g.has_bias) {
+#pragma unroll
+    for (int i = 0; i < kVc; ++i) {
+      b[i] = std::is_same<TO, float>::value ? static_cast<const float*>(bias)[ch + i]
+                                            : ToAcc(static_cast<const T*>(bias)[ch + i]);
+    }
+  }
+  const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * kCb + v * kVc;  // elements into the box
+  const int row_elems = g.box_cols * kCb;
+  const float4* wv = fsm + v;
+  // Tile coordinates, advanced by gridDim.x tiles per step without dividing.
+  int tc = blockIdx.x % g.col_tiles, tr = (blockIdx.x / g.col_tiles) % g.row_tiles;
+  int n = blockIdx.x / g.col_tiles / g.row_tiles;
+  const int dtc = gridDim.x % g.col_tiles, dtr = (gridDim.x / g.col_tiles) % g.row_tiles;
+  const int dn = gridDim.x / g.col_tiles / g.row_tiles;
+  int s = 0, phase = 0;
+  for (int tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
+    float acc[kTh][kP][kVc];
+#pragma unroll
+    for (int j = 0; j < kTh; ++j)
+#pragma unroll
+      for (int p = 0; p < kP; ++p)
+#pragma unroll
+        for (int i = 0; i < kVc; ++i) acc[j][p][i] = b[i];
+    Full::wait(&full[s], phase);
+    if (active) {
+      const T* ib = reinterpret_cast<const T*>(smem + s * g.stage_bytes) + ioff;
+#pragma unroll
+      for (int m = 0; m < R; ++m) {
+        // The row's L vectors as raw words first, then unpacked: all loads ahead of the first FMA.
+        using Raw = std::conditional_t<sizeof(T) * kVc == 16, uint4, uint2>;
+        Raw raw[L];
+#pragma unroll
+        for (int l = 0; l < L; ++l) raw[l] = *reinterpret_cast<const Raw*>(ib + m * row_elems + l * kCb);
+        float sv[L][kVc];
+        UnpackVectors<T>(raw, sv);
+#pragma unroll
+        for (int j = 0; j < kTh; ++j) {
+          const int r = m - j * S;  // the window row joining source row m to destination row j
+          if (r < 0 || r >= kK) continue;
+#pragma unroll
+          for (int t = 0; t < kK; ++t) {
+            const float4 f4 = wv[(r * kK + t) * g.vt];
+            const float f[kVc] = {f4.x, f4.y, f4.z, f4.w};
+#pragma unroll
+            for (int p = 0; p < kP; ++p)
+#pragma unroll
+              for (int i = 0; i < kVc; ++i) acc[j][p][i] = fmaf(f[i], sv[p * S + t][i], acc[j][p][i]);
+          }
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) Empty::arrive(&empty[s]);  // this warp is done with the buffer
+    if (live) {
+      const int y0 = tr * g.tile_rows + rg * kTh, x0 = tc * g.tile_cols + strip * kP;
+      TO* d = dst + n * g.dst_img + (y0 * g.dst_cols + x0) * g.c + ch;
+      const bool whole = y0 + kTh <= g.dst_rows && x0 + kP <= g.dst_cols;
+      const auto store = [&](auto act_c) {
+        constexpr int kAct = decltype(act_c)::value;
+#pragma unroll
+        for (int j = 0; j < kTh; ++j) {
+#pragma unroll
+          for (int p = 0; p < kP; ++p) {
+            if (!whole && (y0 + j >= g.dst_rows || x0 + p >= g.dst_cols)) continue;
+            float o[kVc];
+#pragma unroll
+            for (int i = 0; i < kVc; ++i) o[i] = Activate(acc[j][p][i], kAct);
+            StGlobal<TO, float, kVc>(d + (j * g.dst_cols + p) * g.c, o);
+          }
+        }
+      };
+      WithActivation(g.act, store);
+    }
+    if (++s == g.stages) s = 0, phase ^= 1;
+    tc += dtc;
+    tr += dtr;
+    n += dn;
+    if (tc >= g.col_tiles) tc -= g.col_tiles, ++tr;
+    if (tr >= g.row_tiles) tr -= g.row_tiles, ++n;
+  }
+}
+
+// The problem as the kernel sees it: source -> destination, after folding D into the batch.
+struct TmaProblem {
+  int64_t n = 0, src_rows = 0, src_cols = 0, dst_rows = 0, dst_cols = 0, c = 0;
+  int stride = 1, pad_h = 0, pad_w = 0;  // pads as applied to the source (lo side)
+  bool flip = false;
+};
+
+bool MakeTmaProblem(const ConvParams& p, CudaOp op, DT in, TmaProblem* tp) {
+  if (p.layout[0] != kChannelsLast || op == CudaOp::kWgrad) return false;
+  const int64_t c = p.c[0];
+  const int64_t esize = in == DT::kF32 ? 4 : 2;
+  if (p.groups[0] != c || p.k[0] != c || p.batch_groups[0] != 1 || p.n[0] < 1 || c < 1 || (c * esize) % 16 != 0) {
+    return false;
+  }
+  for (int d = 0; d < 3; ++d) {
+    if (p.rhs_dil[d] != 1 || p.lhs_dil[d] != 1 || p.in[d] < 1 || p.out[d] < 1) return false;
+    if (p.in[d] > (1 << 24) || p.out[d] > (1 << 24) || p.pad_lo[d] < -(1 << 20) || p.pad_lo[d] > (1 << 20)) {
+      return false;
+    }
+  }
+  if (p.win[0] != 1 || p.stride[0] != 1 || p.pad_lo[0] != 0 || p.in[0] != p.out[0]) return false;
+  if (p.win[1] != kK || p.win[2] != kK || p.stride[1] != p.stride[2]) return false;
+  TmaProblem t;
+  t.n = p.n[0] * p.in[0];
+  t.c = c;
+  if (op == CudaOp::kFwd) {
+    if (p.stride[1] != 1 && p.stride[1] != 2) return false;
+    t.stride = static_cast<int>(p.stride[1]);
+    t.src_rows = p.in[1], t.src_cols = p.in[2], t.dst_rows = p.out[1], t.dst_cols = p.out[2];
+    t.pad_h = static_cast<int>(p.pad_lo[1]), t.pad_w = static_cast<int>(p.pad_lo[2]);
+  } else {  // unit-stride data gradient: the forward of dy with the filter flipped, pads k - 1 - p
+    if (p.stride[1] != 1) return false;
+    t.src_rows = p.out[1], t.src_cols = p.out[2], t.dst_rows = p.in[1], t.dst_cols = p.in[2];
+    t.pad_h = static_cast<int>(kK - 1 - p.pad_lo[1]), t.pad_w = static_cast<int>(kK - 1 - p.pad_lo[2]);
+    t.flip = true;
+  }
+  // 32-bit offsets within a destination image; the tensor map's coordinates are 32-bit too.
+  // Tile indices (at most the destination pixels) in 32 bits with room for the persistent grid's steps.
+  if (t.dst_rows * t.dst_cols * c > INT32_MAX || t.src_rows * t.src_cols * c > INT32_MAX || t.n > INT32_MAX ||
+      t.n * t.dst_rows * t.dst_cols > INT32_MAX / 2) {
+    return false;
+  }
+  *tp = t;
+  return true;
+}
+
+// Tile shape. A consumer thread takes one item, so a tile has at most kMaxThreads items; its box is at most 36 KiB
+// (16-bit) or 48 KiB (float32). Among the (strips, row groups) that fit: tiles of at least 128 items first (fewer
+// only where none fits, as for float32 at stride 2: a quarter of the outputs per box byte), then the fewest box
+// pixels per destination pixel (the halo, and the columns past the image in the last column tile). Buffers: two to
+// four within 72 KiB (16-bit: up to three blocks per SM, resident warps for the unpacking) or 150 KiB (float32: bytes
+// in flight). Run 215: bf16 at stride 2 29.3 us with boxes within 36 KiB against 35.6 within 48; float32 at stride 2
+// 48.8 with three 47 KiB buffers against 49.7 with two.
+struct TmaPlan {
+  DwTmaArgs a{};
+  int threads = 0;
+  size_t smem = 0;
+};
+
+TmaPlan MakePlan(const TmaProblem& t, size_t esize) {
+  const size_t max_box = esize == 2 ? 36 * 1024 : 48 * 1024, budget = esize == 2 ? 72 * 1024 : 150 * 1024;
+  const int S = t.stride, vt = kCb / kVc;
+  const int64_t all_strips = CeilDiv(t.dst_cols, kP), all_groups = CeilDiv(t.dst_rows, kTh);
+  int best_ns = 1, best_rg = 1, best_items = 0;
+  double best_cost = 0.0;
+  for (int64_t max_ns = std::min<int64_t>(all_strips, kMaxThreads / vt); max_ns >= 1; --max_ns) {
+    const int ns = static_cast<int>(CeilDiv(all_strips, CeilDiv(all_strips, max_ns)));  // balanced column tiles
+    if (ns != max_ns) continue;
+    const int64_t box_cols = (ns * kP - 1) * S + kK;
+    if (box_cols > 256) continue;  // a box extent's limit
+    const int64_t col_tiles = CeilDiv(t.dst_cols, ns * kP);
+    for (int rg = 1; rg <= all_groups && vt * ns * rg <= kMaxThreads; ++rg) {
+      const int64_t box_rows = (rg * kTh - 1) * S + kK;
+      if (static_cast<size_t>(box_rows * box_cols * kCb) * esize > max_box) break;
+      const int64_t row_tiles = CeilDiv(t.dst_rows, rg * kTh);
+      // box pixels over destination pixels (times S^2: each destination pixel needs S^2 source pixels)
+      const double cost = static_cast<double>(box_rows * box_cols * row_tiles * col_tiles) /
+                          (static_cast<double>(t.dst_rows * t.dst_cols) * S * S);
+      const int items = vt * ns * rg;
+      const bool big = items >= 128, best_big = best_items >= 128;
+      if (best_items == 0 || (big && !best_big) || (big == best_big && (big ? cost < best_cost : items > best_items))) {
+        best_ns = ns, best_rg = rg, best_items = items, best_cost = cost;
+      }
+    }
+  }
+  TmaPlan pl;
+  DwTmaArgs& a = pl.a;
+  a.dst_rows = static_cast<int>(t.dst_rows);
+  a.dst_cols = static_cast<int>(t.dst_cols);
+  a.c = static_cast<int>(t.c);
+  a.vt = vt;
+  a.strips = best_ns;
+  a.row_groups = best_rg;
+  a.tile_cols = best_ns * kP;
+  a.tile_rows = best_rg * kTh;
+  a.box_cols = (a.tile_cols - 1) * S + kK;
+  a.box_rows = (a.tile_rows - 1) * S + kK;
+  a.box_bytes = static_cast<unsigned>(static_cast<size_t>(a.box_rows) * a.box_cols * kCb * esize);
+  a.stage_bytes = static_cast<unsigned>(CeilDiv(a.box_bytes, 128) * 128);
+  a.stages = static_cast<int>(std::max<size_t>(2, std::min<size_t>(kMaxStages, budget / a.stage_bytes)));
+  a.row_tiles = static_cast<int>(CeilDiv(t.dst_rows, a.tile_rows));
+  a.col_tiles = static_cast<int>(CeilDiv(t.dst_cols, a.tile_cols));
+  a.tiles = static_cast<int>(t.n * a.row_tiles * a.col_tiles);
+  a.pad_h = -t.pad_h;
+  a.pad_w = -t.pad_w;
+  a.flip = t.flip;
+  a.dst_img = t.dst_rows * t.dst_cols * t.c;
+  pl.threads = static_cast<int>(CeilDiv(vt * a.strips * a.row_groups, 32) * 32 + 32);  // consumers + producer warp
+  pl.smem = static_cast<size_t>(a.stages) * a.stage_bytes + 2 * kMaxStages * sizeof(uint64_t) +
+            kK * kK * vt * sizeof(float4);
+  return pl;
+}
+
+// The source as a 4-D tensor (c, cols, rows, images), box (kCb, box_cols, box_rows, 1); out-of-bounds elements read
+// as zero.
+cudaError_t EncodeSource(const TmaProblem& t, const DwTmaArgs& a, DT in, const void* src, CUtensorMap* map) {
+  const size_t esize = in == DT::kF32 ? 4 : 2;
+  const CUtensorMapDataType dtype = in == DT::kF32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                    : in == DT::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.c), static_cast<cuuint64_t>(t.src_cols),
+                              static_cast<cuuint64_t>(t.src_rows), static_cast<cuuint64_t>(t.n)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(t.c * esize),
+                                 static_cast<cuuint64_t>(t.src_cols * t.c * esize),
+                                 static_cast<cuuint64_t>(t.src_rows * t.src_cols * t.c * esize)};
+  const cuuint32_t box[4] = {kCb, static_cast<cuuint32_t>(a.box_cols), static_cast<cuuint32_t>(a.box_rows), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+      map, dtype, 4, const_cast<void*>(src), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <class T, class TO>
+cudaError_t Launch(const TmaProblem& t, int act, bool has_bias, DT in, const void* src, const void* w,
+                   const void* bias, void* dst, cudaStream_t s) {
+  TmaPlan pl = MakePlan(t, sizeof(T));
+  pl.a.act = act;
+  pl.a.has_bias = has_bias;
+  if (pl.a.tiles == 0) return cudaSuccess;
+  CUtensorMap map;
+  if (const cudaError_t e = EncodeSource(t, pl.a, in, src, &map); e != cudaSuccess) return e;
+  const unsigned ctiles = static_cast<unsigned>(CeilDiv(t.c, kCb));
+  auto go = [&](auto kern) {
+    if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
+    int64_t resident = 0;
+    if (const cudaError_t e = ResidentBlocks(kern, pl.threads, pl.smem, ctiles, &resident); e != cudaSuccess) {
+      return e;
+    }
+    const int64_t grid = std::min<int64_t>(pl.a.tiles, resident);
+    kern<<<dim3(static_cast<unsigned>(grid), ctiles), pl.threads, pl.smem, s>>>(
+        map, pl.a, static_cast<const T*>(w), bias, static_cast<TO*>(dst));
+    return cudaGetLastError();
+  };
+  return t.stride == 1 ? go(DwTmaKernel<T, TO, 1>) : go(DwTmaKernel<T, TO, 2>);
+}
+
+cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
+                void* dst, cudaStream_t s, bool* launched) {
+  *launched = false;
+  TmaProblem t;
+  if (DeviceArch() != 90 || !IsF32AccPair(in, out) || !MakeTmaProblem(p, op, in, &t) || !Aligned16(src) ||
+      !Aligned16(w) || !Aligned16(dst) || (bias != nullptr && !Aligned16(bias))) {
+    return cudaSuccess;
+  }
+  *launched = true;
+  const int act = op == CudaOp::kFwd ? static_cast<int>(p.activation[0]) : kActNone;
+  return WithF32AccTypes(in, out, [&](auto ti, auto to) {
+    using T = decltype(ti);
+    using TO = decltype(to);
+    return Launch<T, TO>(t, act, bias != nullptr, in, src, w, bias, dst, s);
+  });
+}
+
+}  // namespace
+#endif  // JAXCONV_DW_TMA
+
+cudaError_t DepthwiseTmaFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+                            void* y, cudaStream_t s, bool* launched) {
+#if JAXCONV_DW_TMA
+  return Run(p, CudaOp::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
+#else
+  *launched = false;
+  return cudaSuccess;
+#endif
+}
+
+cudaError_t DepthwiseTmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+                              cudaStream_t s, bool* launched) {
+#if JAXCONV_DW_TMA
+  return Run(p, CudaOp::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
+#else
+  *launched = false;
+  return cudaSuccess;
+#endif
+}
+
+}  // namespace cuda
+}  // namespace jaxconv
