@@ -72,11 +72,11 @@ struct DwTmaArgs {
   int64_t dst_img;            // elements per destination image (< 2^31, checked on the host)
 };
 
-// Launch bounds: two blocks per SM at unit stride (at most 128 registers; capped for three, 80 registers spilled and
-// the 56^2 bf16 forward took 28.0 us instead of 23.5, run 215); one at stride 2, whose 135-147 registers ran the
-// stride-2 bf16 forward faster than a cap of 128 (33.7 against 35.6 us, same tiles).
+// Launch bounds: two blocks per SM (at most 128 registers). Capped for three, 80 registers spilled and the 56^2 bf16
+// forward took 28.0 us instead of 23.5 (run 215); uncapped, the stride-2 kernels took 135-147 registers and the
+// stride-2 bf16 forward 34.3 us instead of 29.3 (runs 216, 215).
 template <class T, class TO, int S>
-__global__ void __launch_bounds__(kBlockThreads, S == 1 ? 2 : 1)
+__global__ void __launch_bounds__(kBlockThreads, 2)
     DwTmaKernel(const __grid_constant__ CUtensorMap src_map, const DwTmaArgs g, const T* __restrict__ w,
                 const void* __restrict__ bias, TO* __restrict__ dst) {
   using Full = cutlass::arch::ClusterTransactionBarrier;
