@@ -17,9 +17,9 @@
 // Pipeline (warp-specialised): a full (transaction) and an empty barrier per buffer; one lane of the last warp
 // issues the boxes, each as soon as every consumer warp has released the buffer's previous tile, so consumer warps
 // never wait on each other. The outputs go from registers to global memory (8- or 16-byte stores per pixel).
-// Run 215 against the register stencil, same build (H200, fwd busy us): MobileNetV2 56^2 bf16 23.5 / 28.1,
-// float32 35.5 / 36.9; stride 2 bf16 29.3 / 33.2, float32 48.8 / 51.0. ncu of an earlier version (run 214): 750
-// instructions per warp and tile for 288 FFMA, issue-bound at 0.55 instructions per scheduler and cycle.
+// H200, fwd busy us (run 217): MobileNetV2 56^2 bf16 23.3, float32 35.2; stride 2 bf16 29.2, float32 49.0 (the
+// register stencil: 28.0-28.5, 36.6-37.7, 33.2-33.7, 51.0-52.3 in runs 213-215). ncu of an earlier version (run 214):
+// 750 instructions per warp and tile for 288 FFMA, issue-bound at 0.55 instructions per scheduler and cycle.
 //
 // Built only with JAXCONV_IGEMM_SM90 (sm_90a; the TMA instructions do not exist before sm_90); otherwise the entry
 // points never launch.
