@@ -65,7 +65,7 @@ struct DwTmaArgs {
   int tiles;                  // images * row_tiles * col_tiles
   int vt, strips, row_groups;  // per tile: channel vectors (kCb / kVc), kP-column strips, kTh-row groups
   int box_cols, box_rows;     // the source box (its rows are box_cols * kCb elements apart in shared memory)
-  int pad_h, pad_w;           // source coordinate of destination (0, 0)'s window: -pad
+  int org_h, org_w;           // the source coordinates of destination (0, 0)'s window (minus the pads)
   int stages;
   unsigned box_bytes, stage_bytes;  // stage_bytes: box_bytes rounded up to 128 (the TMA destination's alignment)
   int flip, act, has_bias;
@@ -118,8 +118,8 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
         Full::arrive_and_expect_tx(&full[s], g.box_bytes);
         cute::SM90_TMA_LOAD_4D::copy(&src_map, &full[s],
                                      static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                     smem + s * g.stage_bytes, blockIdx.y * kCb, tc * g.tile_cols * S + g.pad_w,
-                                     tr * g.tile_rows * S + g.pad_h, n);
+                                     smem + s * g.stage_bytes, blockIdx.y * kCb, tc * g.tile_cols * S + g.org_w,
+                                     tr * g.tile_rows * S + g.org_h, n);
         if (++s == g.stages) s = 0, phase ^= 1;
       }
     }
@@ -320,8 +320,8 @@ TmaPlan MakePlan(const TmaProblem& t, size_t esize) {
   a.row_tiles = static_cast<int>(CeilDiv(t.dst_rows, a.tile_rows));
   a.col_tiles = static_cast<int>(CeilDiv(t.dst_cols, a.tile_cols));
   a.tiles = static_cast<int>(t.n * a.row_tiles * a.col_tiles);
-  a.pad_h = -t.pad_h;
-  a.pad_w = -t.pad_w;
+  a.org_h = -t.pad_h;
+  a.org_w = -t.pad_w;
   a.flip = t.flip;
   a.dst_img = t.dst_rows * t.dst_cols * t.c;
   pl.threads = static_cast<int>(CeilDiv(vt * a.strips * a.row_groups, 32) * 32 + 32);  // consumers + producer warp
