@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/depthwise_plane.h"
 
 namespace jaxconv {
 namespace cuda {
@@ -332,11 +333,9 @@ __global__ void __launch_bounds__(kThreads) DwRowWgradKernel(const DwRowArgs g, 
 }
 
 // The problem as the kernel sees it: source -> destination rows and columns, after folding D into the batch.
-struct RowProblem {
+// The shared 2-D view; in kUp (the strided data gradient) ph / pw are the forward's pad_lo.
+struct RowProblem : DwPlane {
   Mode mode = Mode::kFwd;
-  int64_t n = 0, src_rows = 0, src_cols = 0, dst_rows = 0, dst_cols = 0;
-  int64_t kh = 0, kw = 0, sh = 1, sw = 1, ph = 0, pw = 0;  // ph / pw: pad_lo of the forward (kUp) or as applied
-  bool flip = false;
 };
 
 // (TH, P): one-row problems (kh == 1) take 8 columns per thread; 2-D ones 2 rows x 4 columns.
@@ -437,42 +436,17 @@ int64_t WgradSplits(const ConvParams& p, const RowProblem& rp) {
 
 // The row problem of op when the kernels take it, else false.
 bool MakeRowProblem(const ConvParams& p, CudaOp op, RowProblem* rp) {
-  if (p.layout[0] != kChannelsLast) return false;
-  const int64_t c = p.c[0];
-  if (p.groups[0] != c || p.k[0] != c || p.batch_groups[0] != 1 || p.n[0] < 1 || c < 1 || c % kVc != 0) return false;
-  for (int d = 0; d < 3; ++d) {
-    if (p.rhs_dil[d] != 1 || p.lhs_dil[d] != 1 || p.in[d] < 1 || p.out[d] < 1 || p.win[d] < 1) return false;
-    if (p.in[d] > (1 << 24) || p.out[d] > (1 << 24) || p.stride[d] > (1 << 20)) return false;
-    if (p.pad_lo[d] < -(1 << 20) || p.pad_lo[d] > (1 << 20)) return false;
-  }
-  // D: a window of 1 at stride 1 without padding maps each D position onto itself (part of the batch).
-  if (p.win[0] != 1 || p.stride[0] != 1 || p.pad_lo[0] != 0 || p.in[0] != p.out[0]) return false;
   RowProblem r;
-  r.n = p.n[0] * p.in[0];
-  r.kh = p.win[1];
-  r.kw = p.win[2];
-  if (op != CudaOp::kDgrad) {  // the filter gradient walks the forward's geometry
-    r.src_rows = p.in[1], r.src_cols = p.in[2], r.dst_rows = p.out[1], r.dst_cols = p.out[2];
-    r.sh = p.stride[1], r.sw = p.stride[2], r.ph = p.pad_lo[1], r.pw = p.pad_lo[2];
-  } else {
-    r.src_rows = p.out[1], r.src_cols = p.out[2], r.dst_rows = p.in[1], r.dst_cols = p.in[2];
-    if (p.stride[1] == 1 && p.stride[2] == 1) {  // the forward of dy, filter flipped
-      r.flip = true;
-      r.ph = r.kh - 1 - p.pad_lo[1];
-      r.pw = r.kw - 1 - p.pad_lo[2];
-    } else if (p.stride[2] == 2 && (p.stride[1] == 2 || (r.kh == 1 && p.in[1] == 1 && p.pad_lo[1] == 0))) {
-      r.mode = Mode::kUp;
-      r.sh = r.sw = 2;
-      r.ph = p.pad_lo[1];
-      r.pw = p.pad_lo[2];
-    } else {
-      return false;
-    }
+  if (!DwPlaneOf(p, op, &r) || r.c % kVc != 0) return false;
+  if (op == CudaOp::kDgrad && !r.flip) {  // strided: the upsampling kernel, stride 2 along W (and H, unless 1-D)
+    if (!(r.sw == 2 && (r.sh == 2 || (r.kh == 1 && p.in[1] == 1 && p.pad_lo[1] == 0)))) return false;
+    r.mode = Mode::kUp;
+    r.sh = r.sw = 2;
   }
   if (!HasKernel(r, OneRow(r))) return false;
-  if (VectorsPerBlock(c / kVc, r.kh * r.kw) < 1) return false;
+  if (VectorsPerBlock(r.c / kVc, r.kh * r.kw) < 1) return false;
   // 32-bit offsets within an image row block; grid limits.
-  if (r.src_rows * r.src_cols * c > INT32_MAX || r.dst_rows * r.dst_cols * c > INT32_MAX) return false;
+  if (r.src_rows * r.src_cols * r.c > INT32_MAX || r.dst_rows * r.dst_cols * r.c > INT32_MAX) return false;
   const DwRowArgs a = op == CudaOp::kWgrad ? MakeWgradArgs(p, r) : MakeArgs(p, r);
   const int64_t grid_y = CeilDiv(a.vecs, a.vb) * (op == CudaOp::kWgrad ? CeilDiv(a.kh, WgradRows(r)) : 1);
   if (a.items > INT32_MAX - kThreads * 65536LL || grid_y > 65535) return false;

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/depthwise_plane.h"
 #include "cuda/kernels.h"
 
 #if defined(JAXCONV_IGEMM_SM90) && JAXCONV_IGEMM_SM90
@@ -217,45 +218,17 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   }
 }
 
-// The problem as the kernel sees it: source -> destination, after folding D into the batch.
-struct TmaProblem {
-  int64_t n = 0, src_rows = 0, src_cols = 0, dst_rows = 0, dst_cols = 0, c = 0;
-  int stride = 1, pad_h = 0, pad_w = 0;  // pads as applied to the source (lo side)
-  bool flip = false;
-};
-
-bool MakeTmaProblem(const ConvParams& p, CudaOp op, DT in, TmaProblem* tp) {
-  if (p.layout[0] != kChannelsLast || op == CudaOp::kWgrad) return false;
-  const int64_t c = p.c[0];
+// The problem as the kernel sees it (depthwise_plane.h): 3x3, the same stride 1 or 2 on both axes (the data gradient:
+// unit stride, as the flipped forward), c * sizeof(T) a multiple of 16 bytes (the box's rows).
+bool MakeTmaProblem(const ConvParams& p, CudaOp op, DT in, DwPlane* tp) {
+  DwPlane t;
+  if (op == CudaOp::kWgrad || !DwPlaneOf(p, op, &t)) return false;
   const int64_t esize = in == DT::kF32 ? 4 : 2;
-  if (p.groups[0] != c || p.k[0] != c || p.batch_groups[0] != 1 || p.n[0] < 1 || c < 1 || (c * esize) % 16 != 0) {
-    return false;
-  }
-  for (int d = 0; d < 3; ++d) {
-    if (p.rhs_dil[d] != 1 || p.lhs_dil[d] != 1 || p.in[d] < 1 || p.out[d] < 1) return false;
-    if (p.in[d] > (1 << 24) || p.out[d] > (1 << 24) || p.pad_lo[d] < -(1 << 20) || p.pad_lo[d] > (1 << 20)) {
-      return false;
-    }
-  }
-  if (p.win[0] != 1 || p.stride[0] != 1 || p.pad_lo[0] != 0 || p.in[0] != p.out[0]) return false;
-  if (p.win[1] != kK || p.win[2] != kK || p.stride[1] != p.stride[2]) return false;
-  TmaProblem t;
-  t.n = p.n[0] * p.in[0];
-  t.c = c;
-  if (op == CudaOp::kFwd) {
-    if (p.stride[1] != 1 && p.stride[1] != 2) return false;
-    t.stride = static_cast<int>(p.stride[1]);
-    t.src_rows = p.in[1], t.src_cols = p.in[2], t.dst_rows = p.out[1], t.dst_cols = p.out[2];
-    t.pad_h = static_cast<int>(p.pad_lo[1]), t.pad_w = static_cast<int>(p.pad_lo[2]);
-  } else {  // unit-stride data gradient: the forward of dy with the filter flipped, pads k - 1 - p
-    if (p.stride[1] != 1) return false;
-    t.src_rows = p.out[1], t.src_cols = p.out[2], t.dst_rows = p.in[1], t.dst_cols = p.in[2];
-    t.pad_h = static_cast<int>(kK - 1 - p.pad_lo[1]), t.pad_w = static_cast<int>(kK - 1 - p.pad_lo[2]);
-    t.flip = true;
-  }
+  if ((t.c * esize) % 16 != 0 || t.kh != kK || t.kw != kK || t.sh != t.sw || (t.sh != 1 && t.sh != 2)) return false;
+  if (op == CudaOp::kDgrad && !t.flip) return false;
   // 32-bit offsets within a destination image; the tensor map's coordinates are 32-bit too.
   // Tile indices (at most the destination pixels) in 32 bits with room for the persistent grid's steps.
-  if (t.dst_rows * t.dst_cols * c > INT32_MAX || t.src_rows * t.src_cols * c > INT32_MAX || t.n > INT32_MAX ||
+  if (t.dst_rows * t.dst_cols * t.c > INT32_MAX || t.src_rows * t.src_cols * t.c > INT32_MAX ||
       t.n * t.dst_rows * t.dst_cols > INT32_MAX / 2) {
     return false;
   }
@@ -276,9 +249,9 @@ struct TmaPlan {
   size_t smem = 0;
 };
 
-TmaPlan MakePlan(const TmaProblem& t, size_t esize) {
+TmaPlan MakePlan(const DwPlane& t, size_t esize) {
   const size_t max_box = esize == 2 ? 36 * 1024 : 48 * 1024, budget = esize == 2 ? 72 * 1024 : 150 * 1024;
-  const int S = t.stride, vt = kCb / kVc;
+  const int S = static_cast<int>(t.sh), vt = kCb / kVc;
   const int64_t all_strips = CeilDiv(t.dst_cols, kP), all_groups = CeilDiv(t.dst_rows, kTh);
   int best_ns = 1, best_rg = 1, best_items = 0;
   double best_cost = 0.0;
@@ -320,8 +293,8 @@ TmaPlan MakePlan(const TmaProblem& t, size_t esize) {
   a.row_tiles = static_cast<int>(CeilDiv(t.dst_rows, a.tile_rows));
   a.col_tiles = static_cast<int>(CeilDiv(t.dst_cols, a.tile_cols));
   a.tiles = static_cast<int>(t.n * a.row_tiles * a.col_tiles);
-  a.org_h = -t.pad_h;
-  a.org_w = -t.pad_w;
+  a.org_h = static_cast<int>(-t.ph);
+  a.org_w = static_cast<int>(-t.pw);
   a.flip = t.flip;
   a.dst_img = t.dst_rows * t.dst_cols * t.c;
   pl.threads = static_cast<int>(CeilDiv(vt * a.strips * a.row_groups, 32) * 32 + 32);  // consumers + producer warp
@@ -332,7 +305,7 @@ TmaPlan MakePlan(const TmaProblem& t, size_t esize) {
 
 // The source as a 4-D tensor (c, cols, rows, images), box (kCb, box_cols, box_rows, 1); out-of-bounds elements read
 // as zero.
-cudaError_t EncodeSource(const TmaProblem& t, const DwTmaArgs& a, DT in, const void* src, CUtensorMap* map) {
+cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, DT in, const void* src, CUtensorMap* map) {
   const size_t esize = in == DT::kF32 ? 4 : 2;
   const CUtensorMapDataType dtype = in == DT::kF32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                     : in == DT::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -351,12 +324,11 @@ cudaError_t EncodeSource(const TmaProblem& t, const DwTmaArgs& a, DT in, const v
 }
 
 template <class T, class TO>
-cudaError_t Launch(const TmaProblem& t, int act, bool has_bias, DT in, const void* src, const void* w,
+cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* src, const void* w,
                    const void* bias, void* dst, cudaStream_t s) {
   TmaPlan pl = MakePlan(t, sizeof(T));
   pl.a.act = act;
   pl.a.has_bias = has_bias;
-  if (pl.a.tiles == 0) return cudaSuccess;
   CUtensorMap map;
   if (const cudaError_t e = EncodeSource(t, pl.a, in, src, &map); e != cudaSuccess) return e;
   const unsigned ctiles = static_cast<unsigned>(CeilDiv(t.c, kCb));
@@ -371,13 +343,13 @@ cudaError_t Launch(const TmaProblem& t, int act, bool has_bias, DT in, const voi
         map, pl.a, static_cast<const T*>(w), bias, static_cast<TO*>(dst));
     return cudaGetLastError();
   };
-  return t.stride == 1 ? go(DwTmaKernel<T, TO, 1>) : go(DwTmaKernel<T, TO, 2>);
+  return t.sh == 1 ? go(DwTmaKernel<T, TO, 1>) : go(DwTmaKernel<T, TO, 2>);
 }
 
 cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
                 void* dst, cudaStream_t s, bool* launched) {
   *launched = false;
-  TmaProblem t;
+  DwPlane t;
   if (DeviceArch() != 90 || !IsF32AccPair(in, out) || !MakeTmaProblem(p, op, in, &t) || !Aligned16(src) ||
       !Aligned16(w) || !Aligned16(dst) || (bias != nullptr && !Aligned16(bias))) {
     return cudaSuccess;
