@@ -919,35 +919,33 @@ cudaError_t LaunchFusedFwd(const ConvParams& p, Geometry g, DT in, const void* x
   return cudaGetLastError();
 }
 
+// A grid of one wave (batch-1 first layers: one tile per block) is latency-bound: there 8 warps of 16 channels per tile
+// (kOneWaveMath), else persistent blocks of 4 warps of 32 (kMath). Run 211 (3xTF32, the one-wave kernel splitting in
+// registers): 32x32 3->64 b1 4.37 us, the stem b1 14.8 (4 warps: 4.68-4.83, 14.8); run 224 (bf16): the stem b1 9.0 ->
+// 8.2 us, the 32x32 layer 4.1 -> 4.0.
+template <class T, int kOneWaveMath, int kMath>
+cudaError_t OneWaveOrPersistent(const ConvParams& p, const Geometry& g, DT in, const void* x, const void* w,
+                                const void* bias, void* y, cudaStream_t s, bool* launched) {
+  const cudaError_t e = LaunchFusedFwd<T, kOneWaveMath, 4>(p, g, in, x, w, bias, y, s, true, launched);
+  if (e != cudaSuccess || *launched) return e;
+  return LaunchFusedFwd<T, kMath, 2>(p, g, in, x, w, bias, y, s, false, launched);
+}
+
 // The fused forward when its plan applies (*launched), else nothing.
 cudaError_t FusedFwd(const ConvParams& p, const Geometry& g, DT in, const void* x, const void* w, const void* bias,
                      void* y, cudaStream_t s, bool* launched) {
-  // A grid of one wave (batch-1 first layers: one tile per block) is latency-bound: 8 warps of 16 channels per tile
-  // there, as for 3xTF32 below (run 224: the stem b1 in bf16 9.0 -> 8.2 us, the 32x32 3->64 layer 4.1 -> 4.0); else 4
-  // warps of 32.
   switch (in) {
-    case DT::kBF16: {
-      const cudaError_t e = LaunchFusedFwd<__nv_bfloat16, kFfTf32, 4>(p, g, in, x, w, bias, y, s, true, launched);
-      if (e != cudaSuccess || *launched) return e;
-      return LaunchFusedFwd<__nv_bfloat16, kFfTf32, 2>(p, g, in, x, w, bias, y, s, false, launched);
-    }
-    case DT::kF16: {
-      const cudaError_t e = LaunchFusedFwd<__half, kFfTf32, 4>(p, g, in, x, w, bias, y, s, true, launched);
-      if (e != cudaSuccess || *launched) return e;
-      return LaunchFusedFwd<__half, kFfTf32, 2>(p, g, in, x, w, bias, y, s, false, launched);
-    }
+    case DT::kBF16: return OneWaveOrPersistent<__nv_bfloat16, kFfTf32, kFfTf32>(p, g, in, x, w, bias, y, s, launched);
+    case DT::kF16: return OneWaveOrPersistent<__half, kFfTf32, kFfTf32>(p, g, in, x, w, bias, y, s, launched);
     default: {
       if (MathFor(p, in) == IgemmMath::kTF32) {
         return LaunchFusedFwd<float, kFfTf32, 2>(p, g, in, x, w, bias, y, s, false, launched);
       }
-      // 3xTF32. A grid of one wave (batch-1 first layers: one tile per block) is latency-bound: 8 warps of 16
-      // channels, splitting in registers, for there is no reuse that would repay splitting when staged (run 211:
-      // 32x32 3->64 b1 4.37 µs, the stem b1 14.8; split when staged 4.75 / 16.0). Larger grids stage the operands
-      // split, once per block and tile, with 4 warps, which load each A fragment half as often (the stem b32: 215 µs
-      // in run 210, 247 in run 205 with the fragments split in registers by cvt.rna).
-      const cudaError_t e = LaunchFusedFwd<float, kFfSplitRegs, 4>(p, g, in, x, w, bias, y, s, true, launched);
-      if (e != cudaSuccess || *launched) return e;
-      return LaunchFusedFwd<float, kFfSplitStaged, 2>(p, g, in, x, w, bias, y, s, false, launched);
+      // 3xTF32: the one-wave kernel splits in registers, for there is no reuse that would repay splitting when staged
+      // (run 211: split when staged 4.75 / 16.0 us); larger grids stage the operands split, once per block and tile,
+      // which loads each A fragment half as often (the stem b32: 215 us in run 210, 247 in run 205 with the fragments
+      // split in registers by cvt.rna).
+      return OneWaveOrPersistent<float, kFfSplitRegs, kFfSplitStaged>(p, g, in, x, w, bias, y, s, launched);
     }
   }
 }
