@@ -73,6 +73,31 @@ struct DwTmaArgs {
   int64_t dst_img;            // elements per destination image (< 2^31, checked on the host)
 };
 
+// The block's tiles blockIdx.x + i * gridDim.x, i = 0, 1, ..., as (image n, tile row tr, tile column tc) with their
+// buffer (stage s, barrier phase), stepped without dividing. The producer lane and every consumer thread walk the
+// same sequence.
+struct TileCursor {
+  int tile, n, tr, tc, dn, dtr, dtc, s = 0, phase = 0;
+  __device__ explicit TileCursor(const DwTmaArgs& g)
+      : tile(blockIdx.x),
+        n(blockIdx.x / g.col_tiles / g.row_tiles),
+        tr(blockIdx.x / g.col_tiles % g.row_tiles),
+        tc(blockIdx.x % g.col_tiles),
+        dn(gridDim.x / g.col_tiles / g.row_tiles),
+        dtr(gridDim.x / g.col_tiles % g.row_tiles),
+        dtc(gridDim.x % g.col_tiles) {}
+  __device__ bool valid(const DwTmaArgs& g) const { return tile < g.tiles; }
+  __device__ void next(const DwTmaArgs& g) {
+    tile += gridDim.x;
+    if (++s == g.stages) s = 0, phase ^= 1;
+    tc += dtc;
+    tr += dtr;
+    n += dn;
+    if (tc >= g.col_tiles) tc -= g.col_tiles, ++tr;
+    if (tr >= g.row_tiles) tr -= g.row_tiles, ++n;
+  }
+};
+
 // Launch bounds: two blocks per SM (at most 128 registers). Capped for three, 80 registers spilled and the 56^2 bf16
 // forward took 28.0 us instead of 23.5 (run 215); uncapped, the stride-2 kernels took 135-147 registers and the
 // stride-2 bf16 forward 34.3 us instead of 29.3 (runs 216, 215).
@@ -111,17 +136,14 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   if (warp == cwarps) {  // producer: one lane issues the boxes, `stages` tiles ahead of the slowest consumer warp
     if (lane == 0) {
       cute::prefetch_tma_descriptor(&src_map);
-      int s = 0, phase = 0;
-      for (int tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
-        Empty::wait(&empty[s], phase ^ 1);  // the buffer's previous tile released (passes at once the first round)
-        const int tc = tile % g.col_tiles, q = tile / g.col_tiles;
-        const int tr = q % g.row_tiles, n = q / g.row_tiles;
-        Full::arrive_and_expect_tx(&full[s], g.box_bytes);
-        cute::SM90_TMA_LOAD_4D::copy(&src_map, &full[s],
+      for (TileCursor cur(g); cur.valid(g); cur.next(g)) {
+        // The buffer's previous tile released (passes at once the first round).
+        Empty::wait(&empty[cur.s], cur.phase ^ 1);
+        Full::arrive_and_expect_tx(&full[cur.s], g.box_bytes);
+        cute::SM90_TMA_LOAD_4D::copy(&src_map, &full[cur.s],
                                      static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                     smem + s * g.stage_bytes, blockIdx.y * kCb, tc * g.tile_cols * S + g.org_w,
-                                     tr * g.tile_rows * S + g.org_h, n);
-        if (++s == g.stages) s = 0, phase ^= 1;
+                                     smem + cur.s * g.stage_bytes, blockIdx.y * kCb, cur.tc * g.tile_cols * S + g.org_w,
+                                     cur.tr * g.tile_rows * S + g.org_h, cur.n);
       }
     }
     return;
@@ -145,13 +167,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * kCb + v * kVc;  // elements into the box
   const int row_elems = g.box_cols * kCb;
   const float4* wv = fsm + v;
-  // Tile coordinates, advanced by gridDim.x tiles per step without dividing.
-  int tc = blockIdx.x % g.col_tiles, tr = (blockIdx.x / g.col_tiles) % g.row_tiles;
-  int n = blockIdx.x / g.col_tiles / g.row_tiles;
-  const int dtc = gridDim.x % g.col_tiles, dtr = (gridDim.x / g.col_tiles) % g.row_tiles;
-  const int dn = gridDim.x / g.col_tiles / g.row_tiles;
-  int s = 0, phase = 0;
-  for (int tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
+  for (TileCursor cur(g); cur.valid(g); cur.next(g)) {
     float acc[kTh][kP][kVc];
 #pragma unroll
     for (int j = 0; j < kTh; ++j)
@@ -159,9 +175,9 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
       for (int p = 0; p < kP; ++p)
 #pragma unroll
         for (int i = 0; i < kVc; ++i) acc[j][p][i] = b[i];
-    Full::wait(&full[s], phase);
+    Full::wait(&full[cur.s], cur.phase);
     if (active) {
-      const T* ib = reinterpret_cast<const T*>(smem + s * g.stage_bytes) + ioff;
+      const T* ib = reinterpret_cast<const T*>(smem + cur.s * g.stage_bytes) + ioff;
 #pragma unroll
       for (int m = 0; m < R; ++m) {
         // The row's L vectors as raw words first, then unpacked: all loads ahead of the first FMA.
@@ -188,10 +204,10 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
       }
     }
     __syncwarp();
-    if (lane == 0) Empty::arrive(&empty[s]);  // this warp is done with the buffer
+    if (lane == 0) Empty::arrive(&empty[cur.s]);  // this warp is done with the buffer
     if (live) {
-      const int y0 = tr * g.tile_rows + rg * kTh, x0 = tc * g.tile_cols + strip * kP;
-      TO* d = dst + n * g.dst_img + (y0 * g.dst_cols + x0) * g.c + ch;
+      const int y0 = cur.tr * g.tile_rows + rg * kTh, x0 = cur.tc * g.tile_cols + strip * kP;
+      TO* d = dst + cur.n * g.dst_img + (y0 * g.dst_cols + x0) * g.c + ch;
       const bool whole = y0 + kTh <= g.dst_rows && x0 + kP <= g.dst_cols;
       const auto store = [&](auto act_c) {
         constexpr int kAct = decltype(act_c)::value;
@@ -209,12 +225,6 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
       };
       WithActivation(g.act, store);
     }
-    if (++s == g.stages) s = 0, phase ^= 1;
-    tc += dtc;
-    tr += dtr;
-    n += dn;
-    if (tc >= g.col_tiles) tc -= g.col_tiles, ++tr;
-    if (tr >= g.row_tiles) tr -= g.row_tiles, ++n;
   }
 }
 
