@@ -11,7 +11,8 @@
 // cols is built in chunks of whole images: the workspace stays bounded and a chunk is still in L2 when its GEMM
 // reads it. wgrad sums the chunks' f32 partial filters in chunk order (deterministic). On sm_80+, fwd with taps*c
 // <= 160 (FusedFwdKernel) and wgrad with 16-bit operands (FusedWgradKernel) instead run one fused kernel that
-// unrolls each tile of the window in shared memory and never writes cols.
+// unrolls each tile of the window in shared memory and never writes cols; forwards of one wave of warps gather
+// their MMA fragments straight from global memory instead (FragFwdKernel).
 #include <algorithm>
 #include <climits>
 
@@ -718,6 +719,222 @@ __global__ void __launch_bounds__(64 * WN, kMath == kFfSplitStaged && WN == 2 ? 
   }
 }
 
+// ---- the register-gathered forward: one wave of independent warps, no shared memory ----
+// A warp computes 16 consecutive output pixels (flattened over n, z, p, q) x 8 * NI channels: it gathers each
+// MMA fragment element of x straight from global memory (the column table below maps a fragment column
+// j = (t, r, s, ci) to its offset and tap), so nothing waits on a barrier or a staging copy. On grids of about one
+// wave (batch-1 first layers) the fused forward's chain of row table, staged patch and filter, barriers and unroll
+// was most of the time; here a warp's gathers are a few round trips, each a 32-column chunk ahead of its MMAs.
+// The MMA's column g of n tile ni is output channel n0 + NI * g + ni: a lane's filter values of one row are then
+// NI consecutive channels (one vector load), and its results 2 * NI consecutive channels of a pixel.
+constexpr int kFgWarps = 4;        // warps per block, each with its own tiles
+constexpr int kFgMaxRows = 160;    // taps * c: the column table
+constexpr int kFgChunk = 32;       // columns gathered per step: the next chunk's loads go out before these MMAs
+
+struct FgArgs {
+  int in[3], out[3], stride[3], pad[3];
+  int c, rows, k_total, act, nblocks, tiles, x_image;  // nblocks: 8 * NI channel blocks; tiles: x nblocks
+  int64_t pixels;                 // output pixels (n * out spatial)
+  // Column j < rows: {element offset of (tap, ci) from the pixel's base, the tap's offsets along d0, d1, d2};
+  // columns past rows carry an offset along d0 that no pixel reaches, so they gather zeros.
+  int4 col[kFgMaxRows];
+};
+constexpr int kFgFar = -(1 << 30);
+
+template <class R, int N>
+struct alignas(sizeof(R) * N) FgVec {
+  R v[N];
+};
+
+// *p when ok, else zeros, as a load that stays where it is written (asm volatile): ptxas otherwise sank read-only
+// loads next to their use, or issued them again there, to save registers, so the gathers meant to run a chunk ahead
+// became round trips right before the MMAs (SASS; the batch-1 stem bf16 took 11.9 us so in run 227, 8.8 pinned).
+template <class V>
+__device__ __forceinline__ V LdgPinned(const V* p, bool ok) {
+  V r;
+  const int on = ok;
+  if constexpr (sizeof(V) == 2) {
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n mov.b16 %0, 0;\n @q ld.global.nc.b16 %0, [%1];\n}\n"
+                 : "=h"(*reinterpret_cast<uint16_t*>(&r)) : "l"(p), "r"(on));
+  } else if constexpr (sizeof(V) == 4) {
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n mov.b32 %0, 0;\n @q ld.global.nc.b32 %0, [%1];\n}\n"
+                 : "=r"(*reinterpret_cast<uint32_t*>(&r)) : "l"(p), "r"(on));
+  } else if constexpr (sizeof(V) == 8) {
+    uint32_t* u = reinterpret_cast<uint32_t*>(&r);
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n"
+                 " @q ld.global.nc.v2.b32 {%0, %1}, [%2];\n}\n"
+                 : "=r"(u[0]), "=r"(u[1]) : "l"(p), "r"(on));
+  } else {
+    static_assert(sizeof(V) == 16, "2, 4, 8 or 16 bytes");
+    uint32_t* u = reinterpret_cast<uint32_t*>(&r);
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
+                 " mov.b32 %3, 0;\n @q ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];\n}\n"
+                 : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3]) : "l"(p), "r"(on));
+  }
+  return r;
+}
+
+// kMath as the fused forward's (FfMath): 16-bit operands as they are (kFfTf32), f32 rounded to TF32 (kFfTf32) or
+// split for 3xTF32 in registers (kFfSplitRegs).
+template <class T, int kMath, int NI>
+__global__ void __launch_bounds__(32 * kFgWarps) FragFwdKernel(const __grid_constant__ FgArgs g,
+                                                               const T* __restrict__ x, const T* __restrict__ w,
+                                                               const T* __restrict__ bias, T* __restrict__ y) {
+  constexpr bool k16 = sizeof(T) == 2;
+  constexpr int kKs = k16 ? 16 : 8;         // MMA k
+  constexpr int kJq = k16 ? 4 : 2;          // fragment columns per lane and k step
+  constexpr int kSteps = kFgChunk / kKs;    // k steps per chunk
+  using Raw = std::conditional_t<k16, uint16_t, float>;
+  using Vec = FgVec<Raw, NI>;
+  const Raw* xr = reinterpret_cast<const Raw*>(x);
+  const Raw* wr = reinterpret_cast<const Raw*>(w);
+  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+  // Lane's columns within a k step: 16-bit 2t, 2t + 1, 2t + 8, 2t + 9; f32 t, t + 4 (the PTX fragment layouts).
+  int jo[kJq];
+#pragma unroll
+  for (int q = 0; q < kJq; ++q) jo[q] = k16 ? 2 * tq + (q & 1) + (q >> 1) * 8 : tq + 4 * q;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kFgWarps;
+  for (int64_t wt = static_cast<int64_t>(blockIdx.x) * kFgWarps + (threadIdx.x >> 5); wt < g.tiles; wt += warps) {
+    const int64_t ptile = wt / g.nblocks;
+    const int n0 = static_cast<int>(wt - ptile * g.nblocks) * 8 * NI;
+    // B: channels n0 + NI * gq + [0, NI) of each row (k_total % NI == 0: all valid or none).
+    const bool b_ok = n0 + NI * gq < g.k_total;
+    const Raw* wb = wr + n0 + NI * gq;
+    // Results: channels c0 + [0, 2 NI) of each of the lane's pixels, and their bias, loaded while the gathers run.
+    const int c0 = n0 + 2 * NI * tq;
+    float bias_v[2 * NI];
+#pragma unroll
+    for (int i = 0; i < 2 * NI; ++i) bias_v[i] = bias != nullptr && c0 + i < g.k_total ? ToAcc(bias[c0 + i]) : 0.f;
+    // This lane's pixels (h = 0: row gq of the tile, h = 1: row gq + 8): base coordinates and element offset.
+    // Offsets are 32-bit (x and the pixel count are below 2^31: ImplicitGemmApplies) and unsigned: a pixel's base
+    // may lie before x, and only the sums of valid columns are read.
+    int bc[2][3];
+    uint32_t xb[2];
+    bool pix_ok[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t pix = ptile * 16 + gq + 8 * h;
+      pix_ok[h] = pix < g.pixels;
+      uint32_t r = pix_ok[h] ? static_cast<uint32_t>(pix) : 0u;
+      int o[3];
+#pragma unroll
+      for (int d = 2; d >= 0; --d) {
+        const uint32_t q = r / static_cast<uint32_t>(g.out[d]);
+        o[d] = static_cast<int>(r - q * static_cast<uint32_t>(g.out[d]));
+        r = q;
+      }
+      uint32_t off = 0;
+#pragma unroll
+      for (int d = 0; d < 3; ++d) {
+        bc[h][d] = o[d] * g.stride[d] - g.pad[d];
+        off = off * static_cast<uint32_t>(g.in[d]) + static_cast<uint32_t>(bc[h][d]);
+      }
+      xb[h] = r * static_cast<uint32_t>(g.x_image) + off * static_cast<uint32_t>(g.c);
+    }
+    Raw av[2][kSteps][2][kJq];  // [buffer][step][pixel h][column q]
+    Vec bv[2][kSteps][kJq];     // [buffer][step][row q]
+    const auto gather = [&](int buf, int j0) {
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+#pragma unroll
+        for (int q = 0; q < kJq; ++q) {
+          const int j = j0 + st * kKs + jo[q];
+          const int4 e = g.col[j];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const bool ok = pix_ok[h] && static_cast<unsigned>(bc[h][0] + e.y) < static_cast<unsigned>(g.in[0]) &&
+                            static_cast<unsigned>(bc[h][1] + e.z) < static_cast<unsigned>(g.in[1]) &&
+                            static_cast<unsigned>(bc[h][2] + e.w) < static_cast<unsigned>(g.in[2]);
+            av[buf][st][h][q] = LdgPinned(xr + (xb[h] + static_cast<uint32_t>(e.x)), ok);
+          }
+          bv[buf][st][q] = LdgPinned(reinterpret_cast<const Vec*>(wb + static_cast<uint32_t>(j * g.k_total)),
+                                     b_ok && j < g.rows);
+        }
+      }
+    };
+    float acc[NI][4];
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[ni][r] = 0.f;
+    }
+    const auto mma = [&](int buf) {
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const Raw(&a)[2][kJq] = av[buf][st];
+        const Vec(&b)[kJq] = bv[buf][st];
+        if constexpr (k16) {
+          const auto pack = [](uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); };
+          const uint32_t af[4] = {pack(a[0][0], a[0][1]), pack(a[1][0], a[1][1]), pack(a[0][2], a[0][3]),
+                                  pack(a[1][2], a[1][3])};
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) {
+            Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[ni], af, pack(b[0].v[ni], b[1].v[ni]),
+                                                       pack(b[2].v[ni], b[3].v[ni]));
+          }
+        } else {
+          const float av4[4] = {a[0][0], a[1][0], a[0][1], a[1][1]};  // (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+          uint32_t ab[4], as[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            if constexpr (kMath == kFfSplitRegs) {
+              const float2 v = SplitTf32(av4[r]);
+              ab[r] = __float_as_uint(v.x);
+              as[r] = __float_as_uint(v.y);
+            } else {
+              ab[r] = Tf32Bits(av4[r]);
+            }
+          }
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) {
+            if constexpr (kMath == kFfSplitRegs) {
+              const float2 b0 = SplitTf32(b[0].v[ni]), b1 = SplitTf32(b[1].v[ni]);
+              const uint32_t bb0 = __float_as_uint(b0.x), bb1 = __float_as_uint(b1.x);
+              MmaTf32(acc[ni], as, bb0, bb1);
+              MmaTf32(acc[ni], ab, __float_as_uint(b0.y), __float_as_uint(b1.y));
+              MmaTf32(acc[ni], ab, bb0, bb1);
+            } else {
+              MmaTf32(acc[ni], ab, Tf32Bits(b[0].v[ni]), Tf32Bits(b[1].v[ni]));
+            }
+          }
+        }
+      }
+    };
+    // Chunks of kFgChunk columns, double-buffered: chunk i + 1's gathers are issued before chunk i's MMAs.
+    const int chunks = (g.rows + kFgChunk - 1) / kFgChunk;
+    gather(0, 0);
+#pragma unroll 1
+    for (int i = 0; i < chunks; i += 2) {
+      if (i + 1 < chunks) gather(1, (i + 1) * kFgChunk);
+      mma(0);
+      if (i + 1 >= chunks) break;
+      if (i + 2 < chunks) gather(0, (i + 2) * kFgChunk);
+      mma(1);
+    }
+    // Accumulator r of n tile ni: pixel row gq (+ 8 for r >= 2), column 2 tq + (r & 1), i.e. channel
+    // c0 + NI * (r & 1) + ni: each pixel's 2 NI channels as two vectors of NI.
+    const auto epilogue = [&](auto act_c) {
+      constexpr int kAct = decltype(act_c)::value;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!pix_ok[h]) continue;
+        T* yp = y + (ptile * 16 + gq + 8 * h) * g.k_total + c0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          if (c0 + NI * half >= g.k_total) continue;
+          FgVec<T, NI> o;
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) {
+            o.v[ni] = FromAcc<T>(Activate(acc[ni][2 * h + half] + bias_v[NI * half + ni], kAct));
+          }
+          *reinterpret_cast<FgVec<T, NI>*>(yp + NI * half) = o;
+        }
+      }
+    };
+    WithActivation(g.act, epilogue);
+  }
+}
+
 // dx[n, d, h, w, :] = sum over the taps (t, r, s) that reach (d, h, w) from an output pixel (z, p, q) of
 // dcols[n, z, p, q, (t, r, s, :)], for `count` input pixels of whole images; one thread per pixel, all c < 8
 // channels (contiguous dcols reads per tap), f32 sums in tap order.
@@ -931,9 +1148,94 @@ cudaError_t OneWaveOrPersistent(const ConvParams& p, const Geometry& g, DT in, c
   return LaunchFusedFwd<T, kMath, 2>(p, g, in, x, w, bias, y, s, false, launched);
 }
 
+// The register-gathered forward's arguments (NI n8 tiles per warp); false where it does not apply: more than
+// kFgMaxRows columns, or offsets past 32 bits.
+bool MakeFgArgs(const ConvParams& p, int ni, FgArgs* out) {
+  const int64_t rows = SpatialCount(p.win) * p.c[0];
+  if (rows > kFgMaxRows) return false;
+  FgArgs g{};
+  for (int d = 0; d < 3; ++d) {
+    g.in[d] = static_cast<int>(p.in[d]);
+    g.out[d] = static_cast<int>(p.out[d]);
+    g.stride[d] = static_cast<int>(p.stride[d]);
+    g.pad[d] = static_cast<int>(p.pad_lo[d]);
+  }
+  g.c = static_cast<int>(p.c[0]);
+  g.rows = static_cast<int>(rows);
+  g.k_total = static_cast<int>(p.k[0]);
+  g.act = static_cast<int>(p.activation[0]);
+  g.pixels = p.n[0] * SpatialCount(p.out);
+  g.x_image = static_cast<int>(SpatialCount(p.in) * p.c[0]);  // < 2^31: ImplicitGemmApplies
+  g.nblocks = static_cast<int>(CeilDiv(p.k[0], 8 * ni));
+  const int64_t tiles = CeilDiv(g.pixels, 16) * g.nblocks;
+  if (tiles > kMaxIndex) return false;
+  g.tiles = static_cast<int>(tiles);
+  for (int j = 0; j < kFgMaxRows; ++j) {
+    if (j >= rows) {
+      g.col[j] = make_int4(0, kFgFar, 0, 0);
+      continue;
+    }
+    const int64_t ci = j % p.c[0], tap = j / p.c[0];
+    const int64_t f[3] = {tap / (p.win[1] * p.win[2]), tap / p.win[2] % p.win[1], tap % p.win[2]};
+    int64_t e[3], delta = 0;
+    for (int d = 0; d < 3; ++d) {
+      e[d] = f[d] * p.rhs_dil[d];
+      delta = delta * p.in[d] + e[d];
+    }
+    delta = delta * p.c[0] + ci;
+    if (delta > kMaxIndex || e[0] > kMaxIndex || e[1] > kMaxIndex || e[2] > kMaxIndex) return false;
+    g.col[j] = make_int4(static_cast<int>(delta), static_cast<int>(e[0]), static_cast<int>(e[1]),
+                         static_cast<int>(e[2]));
+  }
+  *out = g;
+  return true;
+}
+
+// Launches FragFwdKernel when every warp tile gets a warp of its own at once (*launched), else nothing.
+template <class T, int kMath, int NI>
+cudaError_t LaunchFragFwd(const ConvParams& p, const void* x, const void* w, const void* bias, void* y,
+                          cudaStream_t s, bool* launched) {
+  FgArgs g;
+  if (!Aligned16(y) || !MakeFgArgs(p, NI, &g)) return cudaSuccess;  // vector stores (w: FusedFwd's caller checks)
+  auto* kernel = FragFwdKernel<T, kMath, NI>;
+  int64_t resident = 0;
+  if (const cudaError_t e = ResidentBlocks(kernel, 32 * kFgWarps, 0, 1, &resident); e != cudaSuccess) return e;
+  const int64_t blocks = CeilDiv(g.tiles, kFgWarps);
+  if (blocks > resident) return cudaSuccess;
+  kernel<<<GridX(blocks), 32 * kFgWarps, 0, s>>>(g, static_cast<const T*>(x), static_cast<const T*>(w),
+                                                  static_cast<const T*>(bias), static_cast<T*>(y));
+  *launched = true;
+  return cudaGetLastError();
+}
+
+template <class T, int kMath>
+cudaError_t FragFwdAs(const ConvParams& p, const void* x, const void* w, const void* bias, void* y, cudaStream_t s,
+                      bool* launched) {
+  return p.k[0] >= 32 ? LaunchFragFwd<T, kMath, 4>(p, x, w, bias, y, s, launched)
+                      : LaunchFragFwd<T, kMath, 2>(p, x, w, bias, y, s, launched);
+}
+
+// The register-gathered forward where it beat the fused forward (*launched), else nothing: grids of one wave with
+// one chunk of columns, or 3xTF32 (runs 226 and 228, H200, busy us against the fused forward's: 32x32 3 -> 64
+// batch 1 2.3 vs 4.0 bf16, 2.7 vs 4.4 f32 HIGHEST; the batch-1 stem's 147 columns 12.2 vs 15.1 f32 HIGHEST but
+// 8.8 vs 8.2 bf16; the batch-32 stem, many waves: 203 vs 118 bf16, 294 vs 215 f32).
+cudaError_t FragFwd(const ConvParams& p, DT in, const void* x, const void* w, const void* bias, void* y,
+                    cudaStream_t s, bool* launched) {
+  const bool split = in == DT::kF32 && MathFor(p, in) == IgemmMath::k3xTF32;
+  if (!split && SpatialCount(p.win) * p.c[0] > kFgChunk) return cudaSuccess;
+  switch (in) {
+    case DT::kBF16: return FragFwdAs<__nv_bfloat16, kFfTf32>(p, x, w, bias, y, s, launched);
+    case DT::kF16: return FragFwdAs<__half, kFfTf32>(p, x, w, bias, y, s, launched);
+    default:
+      return MathFor(p, in) == IgemmMath::kTF32 ? FragFwdAs<float, kFfTf32>(p, x, w, bias, y, s, launched)
+                                                : FragFwdAs<float, kFfSplitRegs>(p, x, w, bias, y, s, launched);
+  }
+}
+
 // The fused forward when its plan applies (*launched), else nothing.
 cudaError_t FusedFwd(const ConvParams& p, const Geometry& g, DT in, const void* x, const void* w, const void* bias,
                      void* y, cudaStream_t s, bool* launched) {
+  if (const cudaError_t e = FragFwd(p, in, x, w, bias, y, s, launched); e != cudaSuccess || *launched) return e;
   switch (in) {
     case DT::kBF16: return OneWaveOrPersistent<__nv_bfloat16, kFfTf32, kFfTf32>(p, g, in, x, w, bias, y, s, launched);
     case DT::kF16: return OneWaveOrPersistent<__half, kFfTf32, kFfTf32>(p, g, in, x, w, bias, y, s, launched);
