@@ -733,7 +733,7 @@ constexpr int kFgChunk = 32;       // columns gathered per step: the next chunk'
 
 struct FgArgs {
   int in[3], out[3], stride[3], pad[3];
-  int c, rows, k_total, act, nblocks, tiles, x_image;  // nblocks: 8 * NI channel blocks; tiles: x nblocks
+  int c, rows, k_total, act, nblocks, tiles, x_image;  // nblocks of 8 * NI channels; tiles: 16-pixel tiles x nblocks
   int64_t pixels;                 // output pixels (n * out spatial)
   // Column j < rows: {element offset of (tap, ci) from the pixel's base, the tap's offsets along d0, d1, d2};
   // columns past rows carry an offset along d0 that no pixel reaches, so they gather zeros.
@@ -842,9 +842,10 @@ __global__ void __launch_bounds__(32 * kFgWarps) FragFwdKernel(const __grid_cons
           const int4 e = g.col[j];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const bool ok = pix_ok[h] && static_cast<unsigned>(bc[h][0] + e.y) < static_cast<unsigned>(g.in[0]) &&
-                            static_cast<unsigned>(bc[h][1] + e.z) < static_cast<unsigned>(g.in[1]) &&
-                            static_cast<unsigned>(bc[h][2] + e.w) < static_cast<unsigned>(g.in[2]);
+            const auto in_dim = [&](int d, int ed) {  // unsigned sums: no overflow, and below 0 is past in
+              return static_cast<unsigned>(bc[h][d]) + static_cast<unsigned>(ed) < static_cast<unsigned>(g.in[d]);
+            };
+            const bool ok = pix_ok[h] && in_dim(0, e.y) && in_dim(1, e.z) && in_dim(2, e.w);
             av[buf][st][h][q] = LdgPinned(xr + (xb[h] + static_cast<uint32_t>(e.x)), ok);
           }
           bv[buf][st][q] = LdgPinned(reinterpret_cast<const Vec*>(wb + static_cast<uint32_t>(j * g.k_total)),
