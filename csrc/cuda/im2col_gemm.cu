@@ -1233,7 +1233,8 @@ cudaError_t FragFwd(const ConvParams& p, DT in, const void* x, const void* w, co
   }
 }
 
-// The fused forward when its plan applies (*launched), else nothing.
+// The register-gathered forward where it is taken, else the fused forward when its plan applies (*launched), else
+// nothing.
 cudaError_t FusedFwd(const ConvParams& p, const Geometry& g, DT in, const void* x, const void* w, const void* bias,
                      void* y, cudaStream_t s, bool* launched) {
   if (const cudaError_t e = FragFwd(p, in, x, w, bias, y, s, launched); e != cudaSuccess || *launched) return e;
