@@ -80,9 +80,10 @@ CASES = {
     # asymmetric pads; 150 output columns in three 50-pixel tiles, k = 16
     "c3_5x5_k136": ((3, 19, 23, 3), (5, 5), ((2, 1), (1, 2)), (1, 1), (1, 1), 136),
     "c1_row150_k16": ((2, 9, 150, 1), (3, 3), "SAME", (1, 1), (1, 1), 16),
-    # batch-1 first layers, grids of one wave: the register-gathered forward (im2col_gemm.cu, FragFwdKernel; the
-    # cases above of fewer than a wave of warps too): the case study's 32x32 3 -> 64 and ResNet's stem (147 columns in
-    # five 32-column chunks, 12544 pixels)
+    # batch-1 first layers, grids of one wave: the register-gathered forward (im2col_gemm.cu, FragFwdKernel; also the
+    # cases above with fewer warps than a wave, at <= 32 columns or in 3xTF32): the case study's 32x32 3 -> 64 (27
+    # columns, every math) and ResNet's stem (147 columns in five 32-column chunks, 12544 pixels; 3xTF32 only, the
+    # other maths on the fused forward)
     "c3_32x32_b1": ((1, 32, 32, 3), (3, 3), ((1, 1), (1, 1)), (1, 1), (1, 1), 64),
     "c3_stem_b1": ((1, 224, 224, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
     # taps * c = 175 columns: the chunked forward (over the fused forward's 160); two column tiles of the fused
