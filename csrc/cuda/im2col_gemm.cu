@@ -728,7 +728,7 @@ __global__ void __launch_bounds__(64 * WN, kMath == kFfSplitStaged && WN == 2 ? 
 // The MMA's column g of n tile ni is output channel n0 + NI * g + ni: a lane's filter values of one row are then
 // NI consecutive channels (one vector load), and its results 2 * NI consecutive channels of a pixel.
 constexpr int kFgWarps = 4;        // warps per block, each with its own tiles
-constexpr int kFgMaxRows = 160;    // taps * c: the column table
+constexpr int kFgMaxRows = kFfMaxRows;  // taps * c: the column table covers every window the fused forward takes
 constexpr int kFgChunk = 32;       // columns gathered per step: the next chunk's loads go out before these MMAs
 
 struct FgArgs {
@@ -1228,8 +1228,8 @@ cudaError_t FragFwd(const ConvParams& p, DT in, const void* x, const void* w, co
     case DT::kBF16: return FragFwdAs<__nv_bfloat16, kFfTf32>(p, x, w, bias, y, s, launched);
     case DT::kF16: return FragFwdAs<__half, kFfTf32>(p, x, w, bias, y, s, launched);
     default:
-      return MathFor(p, in) == IgemmMath::kTF32 ? FragFwdAs<float, kFfTf32>(p, x, w, bias, y, s, launched)
-                                                : FragFwdAs<float, kFfSplitRegs>(p, x, w, bias, y, s, launched);
+      return split ? FragFwdAs<float, kFfSplitRegs>(p, x, w, bias, y, s, launched)
+                   : FragFwdAs<float, kFfTf32>(p, x, w, bias, y, s, launched);
   }
 }
 
