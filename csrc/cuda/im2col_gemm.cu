@@ -725,6 +725,8 @@ __global__ void __launch_bounds__(64 * WN, kMath == kFfSplitStaged && WN == 2 ? 
 // j = (t, r, s, ci) to its offset and tap), so nothing waits on a barrier or a staging copy. On grids of about one
 // wave (batch-1 first layers) the fused forward's chain of row table, staged patch and filter, barriers and unroll
 // was most of the time; here a warp's gathers are a few round trips, each a 32-column chunk ahead of its MMAs.
+// A warp whose 16 pixels all have their whole window inside x (most tiles of a large image) gathers without the
+// bounds tests, which were about 40 % of its instructions per chunk (SASS).
 // The MMA's column g of n tile ni is output channel n0 + NI * g + ni: a lane's filter values of one row are then
 // NI consecutive channels (one vector load), and its results 2 * NI consecutive channels of a pixel.
 constexpr int kFgWarps = 4;        // warps per block, each with its own tiles
@@ -734,6 +736,7 @@ constexpr int kFgChunk = 32;       // columns gathered per step: the next chunk'
 struct FgArgs {
   int in[3], out[3], stride[3], pad[3];
   int c, rows, k_total, act, nblocks, tiles, x_image;  // nblocks of 8 * NI channels; tiles: 16-pixel tiles x nblocks
+  int reach[3];                   // (win - 1) * dilation: a pixel is interior when base..base + reach lies in x
   int64_t pixels;                 // output pixels (n * out spatial)
   // Column j < rows: {element offset of (tap, ci) from the pixel's base, the tap's offsets along d0, d1, d2};
   // columns past rows carry an offset along d0 that no pixel reaches, so they gather zeros.
@@ -774,6 +777,18 @@ __device__ __forceinline__ V LdgPinned(const V* p, bool ok) {
   return r;
 }
 
+// A T value's bits (uint16_t for 16-bit types) as float.
+template <class T>
+__device__ __forceinline__ float RawToAcc(std::conditional_t<sizeof(T) == 2, uint16_t, float> v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(static_cast<uint32_t>(v) << 16);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(__ushort_as_half(v));
+  } else {
+    return v;
+  }
+}
+
 // kMath as the fused forward's (FfMath): 16-bit operands as they are (kFfTf32), f32 rounded to TF32 (kFfTf32) or
 // split for 3xTF32 in registers (kFfSplitRegs).
 template <class T, int kMath, int NI>
@@ -799,18 +814,19 @@ __global__ void __launch_bounds__(32 * kFgWarps) FragFwdKernel(const __grid_cons
     const int n0 = static_cast<int>(wt - ptile * g.nblocks) * 8 * NI;
     // B: channels n0 + NI * gq + [0, NI) of each row (k_total % NI == 0: all valid or none).
     const bool b_ok = n0 + NI * gq < g.k_total;
-    const Raw* wb = wr + n0 + NI * gq;
-    // Results: channels c0 + [0, 2 NI) of each of the lane's pixels, and their bias, loaded while the gathers run.
-    const int c0 = n0 + 2 * NI * tq;
-    float bias_v[2 * NI];
+    const Raw* wq[kJq];  // the lane's filter row q of k step 0: one wide multiply-add per vector load
 #pragma unroll
-    for (int i = 0; i < 2 * NI; ++i) bias_v[i] = bias != nullptr && c0 + i < g.k_total ? ToAcc(bias[c0 + i]) : 0.f;
+    for (int q = 0; q < kJq; ++q) wq[q] = wr + (n0 + NI * gq + static_cast<int64_t>(jo[q]) * g.k_total);
+    // Results: channels c0 + [0, 2 NI) of each of the lane's pixels, and their bias, loaded after the first gathers
+    // and kept as loaded until the epilogue (converting them at once waited a round trip before any gather: SASS).
+    const int c0 = n0 + 2 * NI * tq;
+    Raw bias_r[2 * NI];
     // This lane's pixels (h = 0: row gq of the tile, h = 1: row gq + 8): base coordinates and element offset.
     // Offsets are 32-bit (x and the pixel count are below 2^31: ImplicitGemmApplies) and unsigned: a pixel's base
     // may lie before x, and only the sums of valid columns are read.
     int bc[2][3];
     uint32_t xb[2];
-    bool pix_ok[2];
+    bool pix_ok[2], inner = true;  // inner: both pixels' windows lie in x
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t pix = ptile * 16 + gq + 8 * h;
@@ -828,28 +844,37 @@ __global__ void __launch_bounds__(32 * kFgWarps) FragFwdKernel(const __grid_cons
       for (int d = 0; d < 3; ++d) {
         bc[h][d] = o[d] * g.stride[d] - g.pad[d];
         off = off * static_cast<uint32_t>(g.in[d]) + static_cast<uint32_t>(bc[h][d]);
+        inner = inner && bc[h][d] >= 0 && static_cast<int64_t>(bc[h][d]) + g.reach[d] < g.in[d];
       }
       xb[h] = r * static_cast<uint32_t>(g.x_image) + off * static_cast<uint32_t>(g.c);
+      inner = inner && pix_ok[h];
     }
+    // Tiles whose 16 pixels all have their whole window in x (most of a large image) gather without bounds tests.
+    const bool interior = __all_sync(0xffffffffu, inner);
     Raw av[2][kSteps][2][kJq];  // [buffer][step][pixel h][column q]
     Vec bv[2][kSteps][kJq];     // [buffer][step][row q]
-    const auto gather = [&](int buf, int j0) {
+    const auto gather = [&](auto inner_c, int buf, int j0) {
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
 #pragma unroll
         for (int q = 0; q < kJq; ++q) {
           const int j = j0 + st * kKs + jo[q];
-          const int4 e = g.col[j];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const auto in_dim = [&](int d, int ed) {  // unsigned sums: no overflow, and below 0 is past in
-              return static_cast<unsigned>(bc[h][d]) + static_cast<unsigned>(ed) < static_cast<unsigned>(g.in[d]);
-            };
-            const bool ok = pix_ok[h] && in_dim(0, e.y) && in_dim(1, e.z) && in_dim(2, e.w);
-            av[buf][st][h][q] = LdgPinned(xr + (xb[h] + static_cast<uint32_t>(e.x)), ok);
+            if constexpr (decltype(inner_c)::value) {  // columns past rows: offset 0, in x for an interior pixel
+              const uint32_t delta = static_cast<uint32_t>(g.col[j].x);
+              av[buf][st][h][q] = LdgPinned(xr + (xb[h] + delta), j < g.rows);
+            } else {
+              const int4 e = g.col[j];
+              const auto in_dim = [&](int d, int ed) {  // unsigned sums: no overflow, and below 0 is past in
+                return static_cast<unsigned>(bc[h][d]) + static_cast<unsigned>(ed) < static_cast<unsigned>(g.in[d]);
+              };
+              const bool ok = pix_ok[h] && in_dim(0, e.y) && in_dim(1, e.z) && in_dim(2, e.w);
+              av[buf][st][h][q] = LdgPinned(xr + (xb[h] + static_cast<uint32_t>(e.x)), ok);
+            }
           }
-          bv[buf][st][q] = LdgPinned(reinterpret_cast<const Vec*>(wb + static_cast<uint32_t>(j * g.k_total)),
-                                     b_ok && j < g.rows);
+          const uint32_t row0 = static_cast<uint32_t>(j0 + st * kKs) * static_cast<uint32_t>(g.k_total);  // uniform
+          bv[buf][st][q] = LdgPinned(reinterpret_cast<const Vec*>(wq[q] + row0), b_ok && j < g.rows);
         }
       }
     };
@@ -903,14 +928,25 @@ __global__ void __launch_bounds__(32 * kFgWarps) FragFwdKernel(const __grid_cons
     };
     // Chunks of kFgChunk columns, double-buffered: chunk i + 1's gathers are issued before chunk i's MMAs.
     const int chunks = (g.rows + kFgChunk - 1) / kFgChunk;
-    gather(0, 0);
+    const auto run = [&](auto inner_c) {
+      gather(inner_c, 0, 0);
+#pragma unroll
+      for (int i = 0; i < 2 * NI; ++i) {
+        bias_r[i] = LdgPinned(reinterpret_cast<const Raw*>(bias) + c0 + i, bias != nullptr && c0 + i < g.k_total);
+      }
 #pragma unroll 1
-    for (int i = 0; i < chunks; i += 2) {
-      if (i + 1 < chunks) gather(1, (i + 1) * kFgChunk);
-      mma(0);
-      if (i + 1 >= chunks) break;
-      if (i + 2 < chunks) gather(0, (i + 2) * kFgChunk);
-      mma(1);
+      for (int i = 0; i < chunks; i += 2) {
+        if (i + 1 < chunks) gather(inner_c, 1, (i + 1) * kFgChunk);
+        mma(0);
+        if (i + 1 >= chunks) break;
+        if (i + 2 < chunks) gather(inner_c, 0, (i + 2) * kFgChunk);
+        mma(1);
+      }
+    };
+    if (interior) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
     }
     // Accumulator r of n tile ni: pixel row gq (+ 8 for r >= 2), column 2 tq + (r & 1), i.e. channel
     // c0 + NI * (r & 1) + ni: each pixel's 2 NI channels as two vectors of NI.
@@ -926,7 +962,8 @@ __global__ void __launch_bounds__(32 * kFgWarps) FragFwdKernel(const __grid_cons
           FgVec<T, NI> o;
 #pragma unroll
           for (int ni = 0; ni < NI; ++ni) {
-            o.v[ni] = FromAcc<T>(Activate(acc[ni][2 * h + half] + bias_v[NI * half + ni], kAct));
+            const float b = RawToAcc<T>(bias_r[NI * half + ni]);
+            o.v[ni] = FromAcc<T>(Activate(acc[ni][2 * h + half] + b, kAct));
           }
           *reinterpret_cast<FgVec<T, NI>*>(yp + NI * half) = o;
         }
@@ -1160,6 +1197,9 @@ bool MakeFgArgs(const ConvParams& p, int ni, FgArgs* out) {
     g.out[d] = static_cast<int>(p.out[d]);
     g.stride[d] = static_cast<int>(p.stride[d]);
     g.pad[d] = static_cast<int>(p.pad_lo[d]);
+    const int64_t reach = (p.win[d] - 1) * p.rhs_dil[d];
+    if (reach > kMaxIndex) return false;
+    g.reach[d] = static_cast<int>(reach);
   }
   g.c = static_cast<int>(p.c[0]);
   g.rows = static_cast<int>(rows);
@@ -1217,9 +1257,9 @@ cudaError_t FragFwdAs(const ConvParams& p, const void* x, const void* w, const v
 }
 
 // The register-gathered forward where it beat the fused forward (*launched), else nothing: grids of one wave with
-// one chunk of columns, or 3xTF32 (runs 226 and 228, H200, busy us against the fused forward's: 32x32 3 -> 64
-// batch 1 2.3 vs 4.0 bf16, 2.7 vs 4.4 f32 HIGHEST; the batch-1 stem's 147 columns 12.2 vs 15.1 f32 HIGHEST but
-// 8.8 vs 8.2 bf16; the batch-32 stem, many waves: 203 vs 118 bf16, 294 vs 215 f32).
+// one chunk of columns, or 3xTF32 (runs 226-233, H200, busy us against the fused forward's: 32x32 3 -> 64
+// batch 1 2.5 vs 4.0 bf16, 3.1 vs 4.4 f32 HIGHEST; the batch-1 stem's 147 columns 10.9 vs 15.1 f32 HIGHEST, but
+// 7.9-8.0 vs 8.1-8.3 bf16, too close to switch; the batch-32 stem, many waves: 203 vs 118 bf16, 281 vs 215 f32).
 cudaError_t FragFwd(const ConvParams& p, DT in, const void* x, const void* w, const void* bias, void* y,
                     cudaStream_t s, bool* launched) {
   const bool split = in == DT::kF32 && MathFor(p, in) == IgemmMath::k3xTF32;
