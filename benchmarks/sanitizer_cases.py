@@ -67,6 +67,9 @@ CASES = [
     # 32x32 3 -> 64 at batch 1 (27 columns, one wave): the register-gathered forward in both dtypes (the case above
     # takes it in float32 HIGHEST only)
     ("igemm first layer c3 3x3 one wave", 2, (1, 32, 32, 3), (3, 3), 64, 1, (1, 1), (1, 1), "SAME", "implicit_gemm"),
+    # ... on a wider, dilated image: most 16-pixel tiles lie inside x and gather without bounds tests
+    ("igemm first layer c3 3x3 interior tiles", 2, (1, 61, 83, 3), (3, 3), 64, 1, (1, 1), (2, 2), "SAME",
+     "implicit_gemm"),
     # 320 tiles, more than one wave: the 3xTF32 forward stages its operands split, several tiles per block (the case
     # above fits one wave and splits in registers)
     ("igemm first layer c3 waves", 2, (4, 160, 96, 3), (7, 7), 64, 1, (2, 2), (1, 1), ((3, 3), (3, 3)),

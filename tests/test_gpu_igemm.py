@@ -86,6 +86,10 @@ CASES = {
     # other maths on the fused forward)
     "c3_32x32_b1": ((1, 32, 32, 3), (3, 3), ((1, 1), (1, 1)), (1, 1), (1, 1), 64),
     "c3_stem_b1": ((1, 224, 224, 3), (7, 7), ((3, 3), (3, 3)), (1, 1), (2, 2), 64),
+    # ... with 16-pixel tiles whose windows all lie inside x (gathered without bounds tests) beside edge tiles, on
+    # odd widths that start tiles mid-row: a dilated 3x3 (27 columns, every math) and c = 1 with k = 16 (NI = 2)
+    "c3_3x3_dil2_b1": ((1, 61, 83, 3), (3, 3), "SAME", (2, 2), (1, 1), 64),
+    "c1_5x5_b1_k16": ((1, 100, 77, 1), (5, 5), ((2, 2), (2, 2)), (1, 1), (1, 1), 16),
     # taps * c = 175 columns: the chunked forward (over the fused forward's 160); two column tiles of the fused
     # filter gradient (160 + 15); k = 72: two k blocks
     "c5_5x7_k72": ((2, 23, 29, 5), (5, 7), ((2, 2), (3, 3)), (1, 1), (1, 2), 72),
