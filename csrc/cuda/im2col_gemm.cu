@@ -739,7 +739,8 @@ struct FgArgs {
   int reach[3];                   // (win - 1) * dilation: a pixel is interior when base..base + reach lies in x
   int64_t pixels;                 // output pixels (n * out spatial)
   // Column j < rows: {element offset of (tap, ci) from the pixel's base, the tap's offsets along d0, d1, d2};
-  // columns past rows carry an offset along d0 that no pixel reaches, so they gather zeros.
+  // columns past rows carry an offset along d0 that no pixel reaches, so the bounds-tested gathers read zeros there
+  // (the interior loop tests j < rows instead; their offset 0 stays inside x for an interior pixel).
   int4 col[kFgMaxRows];
 };
 constexpr int kFgFar = -(1 << 30);
