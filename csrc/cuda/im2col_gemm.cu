@@ -778,18 +778,6 @@ __device__ __forceinline__ V LdgPinned(const V* p, bool ok) {
   return r;
 }
 
-// A T value's bits (uint16_t for 16-bit types) as float.
-template <class T>
-__device__ __forceinline__ float RawToAcc(std::conditional_t<sizeof(T) == 2, uint16_t, float> v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __uint_as_float(static_cast<uint32_t>(v) << 16);
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(__ushort_as_half(v));
-  } else {
-    return v;
-  }
-}
-
 // kMath as the fused forward's (FfMath): 16-bit operands as they are (kFfTf32), f32 rounded to TF32 (kFfTf32) or
 // split for 3xTF32 in registers (kFfSplitRegs).
 template <class T, int kMath, int NI>
@@ -860,13 +848,12 @@ __global__ void __launch_bounds__(32 * kFgWarps) FragFwdKernel(const __grid_cons
 #pragma unroll
         for (int q = 0; q < kJq; ++q) {
           const int j = j0 + st * kKs + jo[q];
+          const int4 e = g.col[j];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             if constexpr (decltype(inner_c)::value) {  // columns past rows: offset 0, in x for an interior pixel
-              const uint32_t delta = static_cast<uint32_t>(g.col[j].x);
-              av[buf][st][h][q] = LdgPinned(xr + (xb[h] + delta), j < g.rows);
+              av[buf][st][h][q] = LdgPinned(xr + (xb[h] + static_cast<uint32_t>(e.x)), j < g.rows);
             } else {
-              const int4 e = g.col[j];
               const auto in_dim = [&](int d, int ed) {  // unsigned sums: no overflow, and below 0 is past in
                 return static_cast<unsigned>(bc[h][d]) + static_cast<unsigned>(ed) < static_cast<unsigned>(g.in[d]);
               };
@@ -963,8 +950,9 @@ __global__ void __launch_bounds__(32 * kFgWarps) FragFwdKernel(const __grid_cons
           FgVec<T, NI> o;
 #pragma unroll
           for (int ni = 0; ni < NI; ++ni) {
-            const float b = RawToAcc<T>(bias_r[NI * half + ni]);
-            o.v[ni] = FromAcc<T>(Activate(acc[ni][2 * h + half] + b, kAct));
+            T b;  // the loaded bits as T, converted like every other operand
+            memcpy(&b, &bias_r[NI * half + ni], sizeof(T));
+            o.v[ni] = FromAcc<T>(Activate(acc[ni][2 * h + half] + ToAcc(b), kAct));
           }
           *reinterpret_cast<FgVec<T, NI>*>(yp + NI * half) = o;
         }
