@@ -10,9 +10,8 @@
 // memory, `stages` tiles ahead of the compute: the padding is the box's out-of-bounds fill (zeros), no thread
 // computes a global address or waits per load, and the compute loop has no predicates.
 //
-// Block = one channel tile (32 channels, or 16 for a remainder of at most 16 past the last multiple of 32) x a
-// persistent sequence of spatial tiles (tile_rows x tile_cols destination pixels of one image, every `blocks`-th
-// tile); the grid gives every block about the same work, all resident at once. Item = (4 channels, kTh x kP
+// Block = one channel tile (kCb channels, blockIdx.y) x a persistent sequence of spatial tiles (tile_rows x
+// tile_cols destination pixels of one image, tiles blockIdx.x + i * gridDim.x). Item = (4 channels, kTh x kP
 // destination pixels); consumer thread = one item of every tile (its channel vector's 9 filter taps in shared memory)
 // which, per source row, reads its L source columns from shared memory once for up to kTh x kP x 3 FMAs.
 // Pipeline (warp-specialised): a full (transaction) and an empty barrier per buffer; one lane of the last warp
@@ -53,8 +52,7 @@ namespace cuda {
 namespace {
 
 constexpr int kVc = 4;          // channels per item
-constexpr int kCbWide = 32;     // channels per tile (the box's inner extent)
-constexpr int kCbNarrow = 16;   // ... in the tiles of a remainder of 1-16 channels past the last multiple of 32
+constexpr int kCb = 32;         // channels per tile (the box's inner extent)
 constexpr int kK = 3;           // window (kK x kK)
 constexpr int kTh = 2, kP = 4;  // destination rows x columns per item
 constexpr int kBlockThreads = 256;              // at most: consumer warps and the producer warp
@@ -66,33 +64,31 @@ struct DwTmaArgs {
   int tile_rows, tile_cols;   // destination pixels per tile: row_groups * kTh x strips * kP
   int row_tiles, col_tiles;   // tiles per image
   int tiles;                  // images * row_tiles * col_tiles
-  int vt, strips, row_groups;  // per tile: channel vectors (cb / kVc), kP-column strips, kTh-row groups
-  int box_cols, box_rows;     // the source box (its rows are box_cols * cb elements apart in shared memory)
+  int vt, strips, row_groups;  // per tile: channel vectors (kCb / kVc), kP-column strips, kTh-row groups
+  int box_cols, box_rows;     // the source box (its rows are box_cols * kCb elements apart in shared memory)
   int org_h, org_w;           // the source coordinates of destination (0, 0)'s window (minus the pads)
   int stages;
   unsigned box_bytes, stage_bytes;  // stage_bytes: box_bytes rounded up to 128 (the TMA destination's alignment)
   int flip, act, has_bias;
   int64_t dst_img;            // elements per destination image (< 2^31, checked on the host)
-  int ch0, ctiles;            // the segment's first channel and channel tiles (ch0 + i * cb)
-  int blocks;                 // blocks per channel tile; block b of a tile takes the tiles b + i * blocks
 };
 
-// The block's tiles first + i * g.blocks, i = 0, 1, ..., as (image n, tile row tr, tile column tc) with their buffer
-// (stage s, barrier phase), stepped without dividing. The producer lane and every consumer thread walk the same
-// sequence.
+// The block's tiles blockIdx.x + i * gridDim.x, i = 0, 1, ..., as (image n, tile row tr, tile column tc) with their
+// buffer (stage s, barrier phase), stepped without dividing. The producer lane and every consumer thread walk the
+// same sequence.
 struct TileCursor {
   int tile, n, tr, tc, dn, dtr, dtc, s = 0, phase = 0;
-  __device__ TileCursor(const DwTmaArgs& g, int first)
-      : tile(first),
-        n(first / g.col_tiles / g.row_tiles),
-        tr(first / g.col_tiles % g.row_tiles),
-        tc(first % g.col_tiles),
-        dn(g.blocks / g.col_tiles / g.row_tiles),
-        dtr(g.blocks / g.col_tiles % g.row_tiles),
-        dtc(g.blocks % g.col_tiles) {}
+  __device__ explicit TileCursor(const DwTmaArgs& g)
+      : tile(blockIdx.x),
+        n(blockIdx.x / g.col_tiles / g.row_tiles),
+        tr(blockIdx.x / g.col_tiles % g.row_tiles),
+        tc(blockIdx.x % g.col_tiles),
+        dn(gridDim.x / g.col_tiles / g.row_tiles),
+        dtr(gridDim.x / g.col_tiles % g.row_tiles),
+        dtc(gridDim.x % g.col_tiles) {}
   __device__ bool valid(const DwTmaArgs& g) const { return tile < g.tiles; }
   __device__ void next(const DwTmaArgs& g) {
-    tile += g.blocks;
+    tile += gridDim.x;
     if (++s == g.stages) s = 0, phase ^= 1;
     tc += dtc;
     tr += dtr;
@@ -102,12 +98,13 @@ struct TileCursor {
   }
 };
 
-// One block's share of one segment: channel tile `ctile`, the tiles first + i * g.blocks. CB: the segment's channels
-// per tile (the box's inner extent), a constant so that the box offsets of the compute loop are immediates.
-template <class T, class TO, int S, int CB>
-__device__ __forceinline__ void DwTmaBlock(const CUtensorMap& src_map, const DwTmaArgs& g, int ctile, int first,
-                                           const T* __restrict__ w, const void* __restrict__ bias,
-                                           TO* __restrict__ dst) {
+// Launch bounds: two blocks per SM (at most 128 registers). Capped for three, 80 registers spilled and the 56^2 bf16
+// forward took 28.0 us instead of 23.5 (run 215); uncapped, the stride-2 kernels took 135-147 registers and the
+// stride-2 bf16 forward 34.3 us instead of 29.3 (runs 216, 215).
+template <class T, class TO, int S>
+__global__ void __launch_bounds__(kBlockThreads, 2)
+    DwTmaKernel(const __grid_constant__ CUtensorMap src_map, const DwTmaArgs g, const T* __restrict__ w,
+                const void* __restrict__ bias, TO* __restrict__ dst) {
   using Full = cutlass::arch::ClusterTransactionBarrier;
   using Empty = cutlass::arch::ClusterBarrier;
   constexpr int L = (kP - 1) * S + kK;   // source columns per item
@@ -119,11 +116,10 @@ __device__ __forceinline__ void DwTmaBlock(const CUtensorMap& src_map, const DwT
   const int items = g.vt * g.strips * g.row_groups;
   const int cwarps = (items + 31) / 32;  // consumer warps; warp cwarps is the producer
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int ch0 = g.ch0 + ctile * CB;
 
   for (int i = threadIdx.x; i < kK * kK * g.vt; i += blockDim.x) {
     const int tap = i / g.vt, vv = i - tap * g.vt;
-    const int ch = ch0 + vv * kVc;
+    const int ch = blockIdx.y * kCb + vv * kVc;
     float f[kVc] = {0.f, 0.f, 0.f, 0.f};
     if (ch < g.c) LdGlobalAcc<T, float, kVc>(w + static_cast<int64_t>(g.flip ? kK * kK - 1 - tap : tap) * g.c + ch, f);
     fsm[i] = make_float4(f[0], f[1], f[2], f[3]);
@@ -136,18 +132,17 @@ __device__ __forceinline__ void DwTmaBlock(const CUtensorMap& src_map, const DwT
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  if (warp > cwarps) return;  // the launch's other segment needs more threads
 
   if (warp == cwarps) {  // producer: one lane issues the boxes, `stages` tiles ahead of the slowest consumer warp
     if (lane == 0) {
       cute::prefetch_tma_descriptor(&src_map);
-      for (TileCursor cur(g, first); cur.valid(g); cur.next(g)) {
+      for (TileCursor cur(g); cur.valid(g); cur.next(g)) {
         // The buffer's previous tile released (passes at once the first round).
         Empty::wait(&empty[cur.s], cur.phase ^ 1);
         Full::arrive_and_expect_tx(&full[cur.s], g.box_bytes);
         cute::SM90_TMA_LOAD_4D::copy(&src_map, &full[cur.s],
                                      static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                     smem + cur.s * g.stage_bytes, ch0, cur.tc * g.tile_cols * S + g.org_w,
+                                     smem + cur.s * g.stage_bytes, blockIdx.y * kCb, cur.tc * g.tile_cols * S + g.org_w,
                                      cur.tr * g.tile_rows * S + g.org_h, cur.n);
       }
     }
@@ -159,7 +154,7 @@ __device__ __forceinline__ void DwTmaBlock(const CUtensorMap& src_map, const DwT
   const bool active = threadIdx.x < items;
   const int rest = threadIdx.x / g.vt;
   const int strip = rest % g.strips, rg = rest / g.strips;
-  const int ch = ch0 + v * kVc;
+  const int ch = blockIdx.y * kCb + v * kVc;
   const bool live = active && ch < g.c;  // the last channel tile may be partial (its box reads zeros past c)
   float b[kVc] = {0.f, 0.f, 0.f, 0.f};
   if (live && g.has_bias) {
@@ -169,10 +164,10 @@ __device__ __forceinline__ void DwTmaBlock(const CUtensorMap& src_map, const DwT
                                             : ToAcc(static_cast<const T*>(bias)[ch + i]);
     }
   }
-  const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * CB + v * kVc;  // elements into the box
-  const int row_elems = g.box_cols * CB;
+  const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * kCb + v * kVc;  // elements into the box
+  const int row_elems = g.box_cols * kCb;
   const float4* wv = fsm + v;
-  for (TileCursor cur(g, first); cur.valid(g); cur.next(g)) {
+  for (TileCursor cur(g); cur.valid(g); cur.next(g)) {
     float acc[kTh][kP][kVc];
 #pragma unroll
     for (int j = 0; j < kTh; ++j)
@@ -189,7 +184,7 @@ __device__ __forceinline__ void DwTmaBlock(const CUtensorMap& src_map, const DwT
         using Raw = std::conditional_t<sizeof(T) * kVc == 16, uint4, uint2>;
         Raw raw[L];
 #pragma unroll
-        for (int l = 0; l < L; ++l) raw[l] = *reinterpret_cast<const Raw*>(ib + m * row_elems + l * CB);
+        for (int l = 0; l < L; ++l) raw[l] = *reinterpret_cast<const Raw*>(ib + m * row_elems + l * kCb);
         float sv[L][kVc];
         UnpackVectors<T>(raw, sv);
 #pragma unroll
@@ -233,22 +228,6 @@ __device__ __forceinline__ void DwTmaBlock(const CUtensorMap& src_map, const DwT
   }
 }
 
-// Launch bounds: two blocks per SM (at most 128 registers). Capped for three, 80 registers spilled and the 56^2 bf16
-// forward took 28.0 us instead of 23.5 (run 215); uncapped, the stride-2 kernels took 135-147 registers and the
-// stride-2 bf16 forward 34.3 us instead of 29.3 (runs 216, 215).
-template <class T, class TO, int S>
-__global__ void __launch_bounds__(kBlockThreads, 2)
-    DwTmaKernel(const __grid_constant__ CUtensorMap wide_map, const __grid_constant__ CUtensorMap narrow_map,
-                const __grid_constant__ DwTmaArgs wide, const __grid_constant__ DwTmaArgs narrow,
-                const T* __restrict__ w, const void* __restrict__ bias, TO* __restrict__ dst) {
-  const int wide_blocks = wide.ctiles * wide.blocks;
-  if (static_cast<int>(blockIdx.x) < wide_blocks) {
-    DwTmaBlock<T, TO, S, kCbWide>(wide_map, wide, blockIdx.x / wide.blocks, blockIdx.x % wide.blocks, w, bias, dst);
-  } else {
-    DwTmaBlock<T, TO, S, kCbNarrow>(narrow_map, narrow, 0, blockIdx.x - wide_blocks, w, bias, dst);
-  }
-}
-
 // The problem as the kernel sees it (depthwise_plane.h): 3x3, the same stride 1 or 2 on both axes (the data gradient:
 // unit stride, as the flipped forward), c * sizeof(T) a multiple of 16 bytes (the box's rows).
 bool MakeTmaProblem(const ConvParams& p, CudaOp op, DT in, DwPlane* tp) {
@@ -280,9 +259,9 @@ struct TmaPlan {
   size_t smem = 0;
 };
 
-TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
+TmaPlan MakePlan(const DwPlane& t, size_t esize) {
   const size_t max_box = esize == 2 ? 36 * 1024 : 48 * 1024, budget = esize == 2 ? 72 * 1024 : 150 * 1024;
-  const int S = static_cast<int>(t.sh), vt = cb / kVc;
+  const int S = static_cast<int>(t.sh), vt = kCb / kVc;
   const int64_t all_strips = CeilDiv(t.dst_cols, kP), all_groups = CeilDiv(t.dst_rows, kTh);
   int best_ns = 1, best_rg = 1, best_items = 0;
   double best_cost = 0.0;
@@ -294,7 +273,7 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
     const int64_t col_tiles = CeilDiv(t.dst_cols, ns * kP);
     for (int rg = 1; rg <= all_groups && vt * ns * rg <= kMaxThreads; ++rg) {
       const int64_t box_rows = (rg * kTh - 1) * S + kK;
-      if (static_cast<size_t>(box_rows * box_cols * cb) * esize > max_box) break;
+      if (static_cast<size_t>(box_rows * box_cols * kCb) * esize > max_box) break;
       const int64_t row_tiles = CeilDiv(t.dst_rows, rg * kTh);
       // box pixels over destination pixels (times S^2: each destination pixel needs S^2 source pixels)
       const double cost = static_cast<double>(box_rows * box_cols * row_tiles * col_tiles) /
@@ -318,7 +297,7 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
   a.tile_rows = best_rg * kTh;
   a.box_cols = (a.tile_cols - 1) * S + kK;
   a.box_rows = (a.tile_rows - 1) * S + kK;
-  a.box_bytes = static_cast<unsigned>(static_cast<size_t>(a.box_rows) * a.box_cols * cb * esize);
+  a.box_bytes = static_cast<unsigned>(static_cast<size_t>(a.box_rows) * a.box_cols * kCb * esize);
   a.stage_bytes = static_cast<unsigned>(CeilDiv(a.box_bytes, 128) * 128);
   a.stages = static_cast<int>(std::max<size_t>(2, std::min<size_t>(kMaxStages, budget / a.stage_bytes)));
   a.row_tiles = static_cast<int>(CeilDiv(t.dst_rows, a.tile_rows));
@@ -334,9 +313,9 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
   return pl;
 }
 
-// The source as a 4-D tensor (c, cols, rows, images), box (cb, box_cols, box_rows, 1); out-of-bounds elements read
+// The source as a 4-D tensor (c, cols, rows, images), box (kCb, box_cols, box_rows, 1); out-of-bounds elements read
 // as zero.
-cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, DT in, const void* src, CUtensorMap* map) {
+cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, DT in, const void* src, CUtensorMap* map) {
   const size_t esize = in == DT::kF32 ? 4 : 2;
   const CUtensorMapDataType dtype = in == DT::kF32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                     : in == DT::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -346,8 +325,7 @@ cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, DT in, co
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(t.c * esize),
                                  static_cast<cuuint64_t>(t.src_cols * t.c * esize),
                                  static_cast<cuuint64_t>(t.src_rows * t.src_cols * t.c * esize)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(cb), static_cast<cuuint32_t>(a.box_cols),
-                             static_cast<cuuint32_t>(a.box_rows), 1};
+  const cuuint32_t box[4] = {kCb, static_cast<cuuint32_t>(a.box_cols), static_cast<cuuint32_t>(a.box_rows), 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
       map, dtype, 4, const_cast<void*>(src), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -355,55 +333,24 @@ cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, DT in, co
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// Blocks per channel tile for `tiles` tiles in rounds of `rounds` tiles per block; a narrow segment's tiles count
-// items / wide_items of a wide one (a block's time follows its items).
-int64_t SegmentBlocks(int64_t tiles, int64_t items, int64_t wide_items, int64_t rounds) {
-  return std::max<int64_t>(1, std::min(tiles, CeilDiv(tiles * items, rounds * wide_items)));
-}
-
 template <class T, class TO>
 cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* src, const void* w,
                    const void* bias, void* dst, cudaStream_t s) {
-  // Channel segments: wide tiles of kCbWide channels, and a narrow one for a remainder of at most kCbNarrow
-  // channels, whose wide tile would do twice its work (run 241: 144 channels, 4.5 wide tiles, took as long as 160).
-  const int64_t rem = t.c % kCbWide;
-  const bool narrow = rem != 0 && rem <= kCbNarrow;
-  const int64_t wide_ctiles = narrow ? t.c / kCbWide : CeilDiv(t.c, kCbWide);
-  TmaPlan pw = MakePlan(t, sizeof(T), kCbWide), pn = MakePlan(t, sizeof(T), kCbNarrow);
-  pw.a.ctiles = static_cast<int>(wide_ctiles);
-  pn.a.ctiles = narrow ? 1 : 0;
-  pn.a.ch0 = static_cast<int>(wide_ctiles * kCbWide);
-  const int threads = std::max(wide_ctiles > 0 ? pw.threads : 0, narrow ? pn.threads : 0);
-  const size_t smem = std::max(wide_ctiles > 0 ? pw.smem : 0, narrow ? pn.smem : 0);
-  CUtensorMap wide_map, narrow_map;
-  for (TmaPlan* pl : {&pw, &pn}) pl->a.act = act, pl->a.has_bias = has_bias;
-  if (const cudaError_t e = EncodeSource(t, pw.a, kCbWide, in, src, &wide_map); e != cudaSuccess) return e;
-  if (const cudaError_t e = EncodeSource(t, pn.a, kCbNarrow, in, src, &narrow_map); e != cudaSuccess) return e;
-  const int64_t wide_items = pw.a.vt * pw.a.strips * pw.a.row_groups;
-  const int64_t narrow_items = pn.a.vt * pn.a.strips * pn.a.row_groups;
+  TmaPlan pl = MakePlan(t, sizeof(T));
+  pl.a.act = act;
+  pl.a.has_bias = has_bias;
+  CUtensorMap map;
+  if (const cudaError_t e = EncodeSource(t, pl.a, in, src, &map); e != cudaSuccess) return e;
+  const unsigned ctiles = static_cast<unsigned>(CeilDiv(t.c, kCb));
   auto go = [&](auto kern) {
-    if (const cudaError_t e = AllowDynamicSmem(kern, smem); e != cudaSuccess) return e;
+    if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
     int64_t resident = 0;
-    if (const cudaError_t e = ResidentBlocks(kern, threads, smem, 1, &resident); e != cudaSuccess) return e;
-    // The fewest rounds (tiles per block) whose blocks are all resident at once, so that every block has about
-    // the same work (with a fixed grid per channel tile, blocks of the narrow tile would finish at half time).
-    const auto blocks = [&](int64_t rounds) {
-      return wide_ctiles * SegmentBlocks(pw.a.tiles, wide_items, wide_items, rounds) +
-             (narrow ? SegmentBlocks(pn.a.tiles, narrow_items, wide_ctiles > 0 ? wide_items : narrow_items, rounds)
-                     : 0);
-    };
-    int64_t lo = 1, hi = std::max<int64_t>(pw.a.tiles, pn.a.tiles);  // blocks(hi) is the least grid
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (blocks(mid) <= resident) hi = mid; else lo = mid + 1;
+    if (const cudaError_t e = ResidentBlocks(kern, pl.threads, pl.smem, ctiles, &resident); e != cudaSuccess) {
+      return e;
     }
-    pw.a.blocks = static_cast<int>(SegmentBlocks(pw.a.tiles, wide_items, wide_items, lo));
-    pn.a.blocks = static_cast<int>(
-        SegmentBlocks(pn.a.tiles, narrow_items, wide_ctiles > 0 ? wide_items : narrow_items, lo));
-    const int64_t grid = blocks(lo);
-    if (grid > INT32_MAX) return cudaErrorInvalidConfiguration;
-    kern<<<static_cast<unsigned>(grid), threads, smem, s>>>(wide_map, narrow_map, pw.a, pn.a,
-                                                            static_cast<const T*>(w), bias, static_cast<TO*>(dst));
+    const int64_t grid = std::min<int64_t>(pl.a.tiles, resident);
+    kern<<<dim3(static_cast<unsigned>(grid), ctiles), pl.threads, pl.smem, s>>>(
+        map, pl.a, static_cast<const T*>(w), bias, static_cast<TO*>(dst));
     return cudaGetLastError();
   };
   return t.sh == 1 ? go(DwTmaKernel<T, TO, 1>) : go(DwTmaKernel<T, TO, 2>);
