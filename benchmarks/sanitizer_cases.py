@@ -33,6 +33,9 @@ CASES = [
     # Hopper TMA 3x3 kernel: more tiles than persistent blocks times buffers (the barriers' phases wrap)
     ("depthwise tma 3x3 waves", 2, (512, 20, 28, 32), (3, 3), 32, 32, (1, 1), (1, 1), "SAME", "depthwise"),
     ("depthwise tma 3x3 s2 waves", 2, (512, 21, 29, 32), (3, 3), 32, 32, (2, 2), (1, 1), "SAME", "depthwise"),
+    # ... 48-channel tiles: the only tile (48) and three at stride 2 (144)
+    ("depthwise tma 3x3 c48 waves", 2, (256, 20, 28, 48), (3, 3), 48, 48, (1, 1), (1, 1), "SAME", "depthwise"),
+    ("depthwise tma 3x3 s2 c144", 2, (48, 21, 29, 144), (3, 3), 144, 144, (2, 2), (1, 1), "SAME", "depthwise"),
     ("depthwise cl 2d strided", 2, (1, 21, 18, 16), (3, 3), 16, 16, (2, 2), (1, 1), "SAME", "depthwise"),
     ("depthwise reg s2 up", 2, (2, 15, 13, 24), (3, 3), 24, 24, (2, 2), (1, 1), ((1, 0), (1, 1)), "depthwise"),
     ("depthwise reg 5x5 s2 up", 2, (1, 14, 17, 12), (5, 5), 12, 12, (2, 2), (1, 1), ((2, 2), (1, 2)), "depthwise"),

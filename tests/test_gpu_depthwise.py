@@ -59,10 +59,14 @@ CASES = {
     "1d_k3_c12": ((3, 50, 12), (3,), (1,), ((1, 1),), (1,)),
     "3x3_c264": ((1, 7, 9, 264), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "3d_1x3x3_s2": ((2, 3, 9, 11, 8), (1, 3, 3), (1, 2, 2), ((0, 0), (1, 1), (1, 1)), (1, 1, 1)),
-    # the Hopper TMA 3x3 kernel (depthwise_tma_sm90.cu): two channel tiles, the second partial (C = 40: 32 + 8),
+    # the Hopper TMA 3x3 kernel (depthwise_tma_sm90.cu): two 32-channel tiles, the second partial (C = 40: 32 + 8),
+    # one partial 32-channel tile (C = 24), 48-channel tiles (C = 48 at unit stride and C = 48 / 144 at stride 2),
     # several column tiles with a partial last one, stride 2 on odd sizes with asymmetric pads, pads of 2 and 0
     # (negative box origins on one side, none on the other; the unit-stride data gradient's pads 0 and 2)
     "3x3_tma_tiles": ((3, 37, 131, 40), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    "3x3_tma_c24": ((2, 17, 45, 24), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    "3x3_tma_c48": ((2, 23, 37, 48), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    "3x3_tma_s2_c144": ((2, 29, 30, 144), (3, 3), (2, 2), ((0, 1), (1, 1)), (1, 1)),
     "3x3_tma_s2": ((2, 61, 97, 48), (3, 3), (2, 2), ((1, 1), (0, 1)), (1, 1)),
     "3x3_tma_pad2": ((2, 19, 23, 16), (3, 3), (1, 1), ((2, 0), (0, 2)), (1, 1)),
     # 3-D: the D window loop and D-strided tiles

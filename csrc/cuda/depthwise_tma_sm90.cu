@@ -10,7 +10,7 @@
 // memory, `stages` tiles ahead of the compute: the padding is the box's out-of-bounds fill (zeros), no thread
 // computes a global address or waits per load, and the compute loop has no predicates.
 //
-// Block = one channel tile (kCb channels, blockIdx.y) x a persistent sequence of spatial tiles (tile_rows x
+// Block = one channel tile (CB = 32 or 48 channels, blockIdx.y) x a persistent sequence of spatial tiles (tile_rows x
 // tile_cols destination pixels of one image, tiles blockIdx.x + i * gridDim.x). Item = (4 channels, kTh x kP
 // destination pixels); consumer thread = one item of every tile (its channel vector's 9 filter taps in shared memory)
 // which, per source row, reads its L source columns from shared memory once for up to kTh x kP x 3 FMAs.
@@ -52,7 +52,8 @@ namespace cuda {
 namespace {
 
 constexpr int kVc = 4;          // channels per item
-constexpr int kCb = 32;         // channels per tile (the box's inner extent)
+constexpr int kCb = 32;         // channels per tile (the box's inner extent; CB in the kernel)
+constexpr int kCb48 = 48;       // ... for some c that 48 divides and 32 does not (Launch)
 constexpr int kK = 3;           // window (kK x kK)
 constexpr int kTh = 2, kP = 4;  // destination rows x columns per item
 constexpr int kBlockThreads = 256;              // at most: consumer warps and the producer warp
@@ -64,8 +65,8 @@ struct DwTmaArgs {
   int tile_rows, tile_cols;   // destination pixels per tile: row_groups * kTh x strips * kP
   int row_tiles, col_tiles;   // tiles per image
   int tiles;                  // images * row_tiles * col_tiles
-  int vt, strips, row_groups;  // per tile: channel vectors (kCb / kVc), kP-column strips, kTh-row groups
-  int box_cols, box_rows;     // the source box (its rows are box_cols * kCb elements apart in shared memory)
+  int vt, strips, row_groups;  // per tile: channel vectors (CB / kVc), kP-column strips, kTh-row groups
+  int box_cols, box_rows;     // the source box (its rows are box_cols * CB elements apart in shared memory)
   int org_h, org_w;           // the source coordinates of destination (0, 0)'s window (minus the pads)
   int stages;
   unsigned box_bytes, stage_bytes;  // stage_bytes: box_bytes rounded up to 128 (the TMA destination's alignment)
@@ -101,7 +102,7 @@ struct TileCursor {
 // Launch bounds: two blocks per SM (at most 128 registers). Capped for three, 80 registers spilled and the 56^2 bf16
 // forward took 28.0 us instead of 23.5 (run 215); uncapped, the stride-2 kernels took 135-147 registers and the
 // stride-2 bf16 forward 34.3 us instead of 29.3 (runs 216, 215).
-template <class T, class TO, int S>
+template <class T, class TO, int S, int CB>
 __global__ void __launch_bounds__(kBlockThreads, 2)
     DwTmaKernel(const __grid_constant__ CUtensorMap src_map, const DwTmaArgs g, const T* __restrict__ w,
                 const void* __restrict__ bias, TO* __restrict__ dst) {
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
 
   for (int i = threadIdx.x; i < kK * kK * g.vt; i += blockDim.x) {
     const int tap = i / g.vt, vv = i - tap * g.vt;
-    const int ch = blockIdx.y * kCb + vv * kVc;
+    const int ch = blockIdx.y * CB + vv * kVc;
     float f[kVc] = {0.f, 0.f, 0.f, 0.f};
     if (ch < g.c) LdGlobalAcc<T, float, kVc>(w + static_cast<int64_t>(g.flip ? kK * kK - 1 - tap : tap) * g.c + ch, f);
     fsm[i] = make_float4(f[0], f[1], f[2], f[3]);
@@ -142,7 +143,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
         Full::arrive_and_expect_tx(&full[cur.s], g.box_bytes);
         cute::SM90_TMA_LOAD_4D::copy(&src_map, &full[cur.s],
                                      static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                     smem + cur.s * g.stage_bytes, blockIdx.y * kCb, cur.tc * g.tile_cols * S + g.org_w,
+                                     smem + cur.s * g.stage_bytes, blockIdx.y * CB, cur.tc * g.tile_cols * S + g.org_w,
                                      cur.tr * g.tile_rows * S + g.org_h, cur.n);
       }
     }
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   const bool active = threadIdx.x < items;
   const int rest = threadIdx.x / g.vt;
   const int strip = rest % g.strips, rg = rest / g.strips;
-  const int ch = blockIdx.y * kCb + v * kVc;
+  const int ch = blockIdx.y * CB + v * kVc;
   const bool live = active && ch < g.c;  // the last channel tile may be partial (its box reads zeros past c)
   float b[kVc] = {0.f, 0.f, 0.f, 0.f};
   if (live && g.has_bias) {
@@ -164,8 +165,8 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
                                             : ToAcc(static_cast<const T*>(bias)[ch + i]);
     }
   }
-  const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * kCb + v * kVc;  // elements into the box
-  const int row_elems = g.box_cols * kCb;
+  const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * CB + v * kVc;  // elements into the box
+  const int row_elems = g.box_cols * CB;
   const float4* wv = fsm + v;
   for (TileCursor cur(g); cur.valid(g); cur.next(g)) {
     float acc[kTh][kP][kVc];
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
         using Raw = std::conditional_t<sizeof(T) * kVc == 16, uint4, uint2>;
         Raw raw[L];
 #pragma unroll
-        for (int l = 0; l < L; ++l) raw[l] = *reinterpret_cast<const Raw*>(ib + m * row_elems + l * kCb);
+        for (int l = 0; l < L; ++l) raw[l] = *reinterpret_cast<const Raw*>(ib + m * row_elems + l * CB);
         float sv[L][kVc];
         UnpackVectors<T>(raw, sv);
 #pragma unroll
@@ -259,9 +260,9 @@ struct TmaPlan {
   size_t smem = 0;
 };
 
-TmaPlan MakePlan(const DwPlane& t, size_t esize) {
+TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
   const size_t max_box = esize == 2 ? 36 * 1024 : 48 * 1024, budget = esize == 2 ? 72 * 1024 : 150 * 1024;
-  const int S = static_cast<int>(t.sh), vt = kCb / kVc;
+  const int S = static_cast<int>(t.sh), vt = cb / kVc;
   const int64_t all_strips = CeilDiv(t.dst_cols, kP), all_groups = CeilDiv(t.dst_rows, kTh);
   int best_ns = 1, best_rg = 1, best_items = 0;
   double best_cost = 0.0;
@@ -273,7 +274,7 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize) {
     const int64_t col_tiles = CeilDiv(t.dst_cols, ns * kP);
     for (int rg = 1; rg <= all_groups && vt * ns * rg <= kMaxThreads; ++rg) {
       const int64_t box_rows = (rg * kTh - 1) * S + kK;
-      if (static_cast<size_t>(box_rows * box_cols * kCb) * esize > max_box) break;
+      if (static_cast<size_t>(box_rows * box_cols * cb) * esize > max_box) break;
       const int64_t row_tiles = CeilDiv(t.dst_rows, rg * kTh);
       // box pixels over destination pixels (times S^2: each destination pixel needs S^2 source pixels)
       const double cost = static_cast<double>(box_rows * box_cols * row_tiles * col_tiles) /
@@ -297,7 +298,7 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize) {
   a.tile_rows = best_rg * kTh;
   a.box_cols = (a.tile_cols - 1) * S + kK;
   a.box_rows = (a.tile_rows - 1) * S + kK;
-  a.box_bytes = static_cast<unsigned>(static_cast<size_t>(a.box_rows) * a.box_cols * kCb * esize);
+  a.box_bytes = static_cast<unsigned>(static_cast<size_t>(a.box_rows) * a.box_cols * cb * esize);
   a.stage_bytes = static_cast<unsigned>(CeilDiv(a.box_bytes, 128) * 128);
   a.stages = static_cast<int>(std::max<size_t>(2, std::min<size_t>(kMaxStages, budget / a.stage_bytes)));
   a.row_tiles = static_cast<int>(CeilDiv(t.dst_rows, a.tile_rows));
@@ -313,9 +314,9 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize) {
   return pl;
 }
 
-// The source as a 4-D tensor (c, cols, rows, images), box (kCb, box_cols, box_rows, 1); out-of-bounds elements read
+// The source as a 4-D tensor (c, cols, rows, images), box (cb, box_cols, box_rows, 1); out-of-bounds elements read
 // as zero.
-cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, DT in, const void* src, CUtensorMap* map) {
+cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, DT in, const void* src, CUtensorMap* map) {
   const size_t esize = in == DT::kF32 ? 4 : 2;
   const CUtensorMapDataType dtype = in == DT::kF32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                     : in == DT::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -325,7 +326,8 @@ cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, DT in, const void
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(t.c * esize),
                                  static_cast<cuuint64_t>(t.src_cols * t.c * esize),
                                  static_cast<cuuint64_t>(t.src_rows * t.src_cols * t.c * esize)};
-  const cuuint32_t box[4] = {kCb, static_cast<cuuint32_t>(a.box_cols), static_cast<cuuint32_t>(a.box_rows), 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(cb), static_cast<cuuint32_t>(a.box_cols),
+                             static_cast<cuuint32_t>(a.box_rows), 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
       map, dtype, 4, const_cast<void*>(src), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -336,12 +338,17 @@ cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, DT in, const void
 template <class T, class TO>
 cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* src, const void* w,
                    const void* bias, void* dst, cudaStream_t s) {
-  TmaPlan pl = MakePlan(t, sizeof(T));
+  // 48-channel tiles where 48 divides c and 32 does not, at stride 2 or as the only tile. H200, run 245 (bf16 /
+  // float32 HIGHEST fwd us, 48 against 32): 56^2 b32 144 channels at stride 2 10.8 / 22.6 against 13.3 / 24.1, 48
+  // channels 10.2 / 10.6 against 11.0 / 12.6; but at unit stride 144 channels took 24.8 / 35.5 against 23.6 / 35.0
+  // and 28^2 240 channels 11.6 / 15.4 against 11.0 / 15.5 (more halo per output: at most 18 items per channel vector).
+  const int cb = t.c % kCb != 0 && t.c % kCb48 == 0 && (t.sh == 2 || t.c == kCb48) ? kCb48 : kCb;
+  TmaPlan pl = MakePlan(t, sizeof(T), cb);
   pl.a.act = act;
   pl.a.has_bias = has_bias;
   CUtensorMap map;
-  if (const cudaError_t e = EncodeSource(t, pl.a, in, src, &map); e != cudaSuccess) return e;
-  const unsigned ctiles = static_cast<unsigned>(CeilDiv(t.c, kCb));
+  if (const cudaError_t e = EncodeSource(t, pl.a, cb, in, src, &map); e != cudaSuccess) return e;
+  const unsigned ctiles = static_cast<unsigned>(CeilDiv(t.c, cb));
   auto go = [&](auto kern) {
     if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
     int64_t resident = 0;
@@ -353,7 +360,8 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* 
         map, pl.a, static_cast<const T*>(w), bias, static_cast<TO*>(dst));
     return cudaGetLastError();
   };
-  return t.sh == 1 ? go(DwTmaKernel<T, TO, 1>) : go(DwTmaKernel<T, TO, 2>);
+  if (cb == kCb48) return t.sh == 1 ? go(DwTmaKernel<T, TO, 1, kCb48>) : go(DwTmaKernel<T, TO, 2, kCb48>);
+  return t.sh == 1 ? go(DwTmaKernel<T, TO, 1, kCb>) : go(DwTmaKernel<T, TO, 2, kCb>);
 }
 
 cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
