@@ -341,7 +341,8 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* 
   // 48-channel tiles where 48 divides c and 32 does not, at stride 2 or as the only tile. H200, run 245 (bf16 /
   // float32 HIGHEST fwd us, 48 against 32): 56^2 b32 144 channels at stride 2 10.8 / 22.6 against 13.3 / 24.1, 48
   // channels 10.2 / 10.6 against 11.0 / 12.6; but at unit stride 144 channels took 24.8 / 35.5 against 23.6 / 35.0
-  // and 28^2 240 channels 11.6 / 15.4 against 11.0 / 15.5 (more halo per output: at most 18 items per channel vector).
+  // and 28^2 240 channels 11.6 / 15.4 against 11.0 / 15.5 (more halo per output: 12 channel vectors leave room for
+  // at most 18 pixel items in a tile). Where 32 also divides c, stride 2 was mixed (run 247: 112^2 x 96 slower).
   const int cb = t.c % kCb != 0 && t.c % kCb48 == 0 && (t.sh == 2 || t.c == kCb48) ? kCb48 : kCb;
   TmaPlan pl = MakePlan(t, sizeof(T), cb);
   pl.a.act = act;
