@@ -59,16 +59,24 @@ CASES = {
     "1d_k3_c12": ((3, 50, 12), (3,), (1,), ((1, 1),), (1,)),
     "3x3_c264": ((1, 7, 9, 264), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "3d_1x3x3_s2": ((2, 3, 9, 11, 8), (1, 3, 3), (1, 2, 2), ((0, 0), (1, 1), (1, 1)), (1, 1, 1)),
-    # the Hopper TMA 3x3 kernel (depthwise_tma_sm90.cu): two 32-channel tiles, the second partial (C = 40: 32 + 8),
-    # one partial 32-channel tile (C = 24), 48-channel tiles (C = 48 at unit stride and C = 48 / 144 at stride 2),
-    # several column tiles with a partial last one, stride 2 on odd sizes with asymmetric pads, pads of 2 and 0
-    # (negative box origins on one side, none on the other; the unit-stride data gradient's pads 0 and 2)
+    # the Hopper TMA 3x3 kernel (depthwise_tma_sm90.cu): C = 40 = 32 + 8 over 3 images (the 8 packed, below), one
+    # partial 32-channel tile alone (C = 24) and after a whole one (C = 56), 48-channel tiles (C = 48 at unit stride
+    # and C = 48 / 144 at stride 2), several column tiles with a partial last one, stride 2 on odd sizes with
+    # asymmetric pads, pads of 2 and 0 (negative box origins on one side, none on the other; the unit-stride data
+    # gradient's pads 0 and 2)
     "3x3_tma_tiles": ((3, 37, 131, 40), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "3x3_tma_c24": ((2, 17, 45, 24), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    "3x3_tma_c56": ((2, 15, 21, 56), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "3x3_tma_c48": ((2, 23, 37, 48), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "3x3_tma_s2_c144": ((2, 29, 30, 144), (3, 3), (2, 2), ((0, 1), (1, 1)), (1, 1)),
     "3x3_tma_s2": ((2, 61, 97, 48), (3, 3), (2, 2), ((1, 1), (0, 1)), (1, 1)),
     "3x3_tma_pad2": ((2, 19, 23, 16), (3, 3), (1, 1), ((2, 0), (0, 2)), (1, 1)),
+    # ... packed remainder tiles (several images' last rem channels in one box): 144 = 4 x 32 + 16 over 3 images
+    # (the last pair short by one), 8 channels only over 9 images (groups of 4, the last short by 3), and 36 float32
+    # channels over 5 images (32 + 4: groups of 8; 16-bit 36 channels are not 16-byte rows and take another kernel)
+    "3x3_tma_pack_c144_b3": ((3, 29, 31, 144), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
+    "3x3_tma_pack_c8_b9": ((9, 11, 21, 8), (3, 3), (1, 1), ((1, 1), (0, 2)), (1, 1)),
+    "3x3_tma_pack_c36_b5": ((5, 13, 19, 36), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     # 3-D: the D window loop and D-strided tiles
     "3d_3x3x3": ((1, 5, 9, 11, 16), (3, 3, 3), (2, 1, 1), ((1, 1), (1, 1), (1, 1)), (1, 1, 1)),
 }
@@ -259,11 +267,11 @@ def test_depthwise_3x3_inf_reaches_only_its_windows(dtype, stride, rng):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_depthwise_3x3_many_tiles_per_block(dtype, stride, rng):
+@pytest.mark.parametrize("c", [64, 80])  # 80: two whole channel tiles and a packed one over image pairs
+def test_depthwise_3x3_many_tiles_per_block(dtype, stride, c, rng):
   """Enough tiles that each persistent block of the TMA kernel takes more tiles than it has buffers (its barriers'
   phases wrap), on odd sizes; the unit-stride data gradient as well (the same kernel with the filter flipped)."""
-  x_shape, pads = ((64, 56, 56, 64) if stride == 1 else (64, 57, 61, 64)), ((1, 1), (1, 1))
-  c = x_shape[-1]
+  x_shape, pads = ((64, 56, 56, c) if stride == 1 else (64, 57, 61, c)), ((1, 1), (1, 1))
   conv = functools.partial(jaxconv.conv2d, stride=stride, padding=list(pads), groups=c, algorithm="depthwise",
                            precision="highest")
   x = cu.randn(rng, x_shape, dtype)

@@ -10,10 +10,11 @@
 // memory, `stages` tiles ahead of the compute: the padding is the box's out-of-bounds fill (zeros), no thread
 // computes a global address or waits per load, and the compute loop has no predicates.
 //
-// Block = one channel tile (CB = 32 or 48 channels, blockIdx.y) x a persistent sequence of spatial tiles (tile_rows x
-// tile_cols destination pixels of one image, tiles blockIdx.x + i * gridDim.x). Item = (4 channels, kTh x kP
-// destination pixels); consumer thread = one item of every tile (its channel vector's 9 filter taps in shared memory)
-// which, per source row, reads its L source columns from shared memory once for up to kTh x kP x 3 FMAs.
+// Block = one channel tile (CB = 32 or 48 channels; or, for a remainder of 4, 8 or 16 channels, that remainder of
+// CB / rem consecutive images) x a persistent sequence of spatial tiles (tile_rows x tile_cols destination pixels of
+// one image or image group; BlockRole, TileCursor). Item = (4 channels, kTh x kP destination pixels); consumer
+// thread = one item of every tile (its channel vector's 9 filter taps in shared memory) which, per source row, reads
+// its L source columns from shared memory once for up to kTh x kP x 3 FMAs.
 // Pipeline (warp-specialised): a full (transaction) and an empty barrier per buffer; one lane of the last warp
 // issues the boxes, each as soon as every consumer warp has released the buffer's previous tile, so consumer warps
 // never wait on each other. The outputs go from registers to global memory (8- or 16-byte stores per pixel).
@@ -72,24 +73,52 @@ struct DwTmaArgs {
   unsigned box_bytes, stage_bytes;  // stage_bytes: box_bytes rounded up to 128 (the TMA destination's alignment)
   int flip, act, has_bias;
   int64_t dst_img;            // elements per destination image (< 2^31, checked on the host)
+  // Blocks: gf per whole-image channel tile (cf of them, the last maybe partial), then gp for the packed remainder
+  // tiles (Launch): its rem channels (4, 8 or 16) of pack = kCb / rem consecutive images share one box.
+  int n, cf, gf, gp, rem, pack, pack_tiles;
 };
 
-// The block's tiles blockIdx.x + i * gridDim.x, i = 0, 1, ..., as (image n, tile row tr, tile column tc) with their
-// buffer (stage s, barrier phase), stepped without dividing. The producer lane and every consumer thread walk the
-// same sequence.
+// A block's channel tile and its share of that tile's spatial tiles (block bx of blocks, each taking every
+// blocks-th tile). The packed tile's spatial tiles are those of image groups, not of images.
+struct BlockRole {
+  bool packed;
+  int ctile, bx, blocks, tiles, pack;  // pack: images per spatial tile (1 unless packed)
+  __device__ explicit BlockRole(const DwTmaArgs& g) {
+    const int b = static_cast<int>(blockIdx.x);
+    packed = b >= g.cf * g.gf;
+    ctile = packed ? g.cf : b / g.gf;
+    bx = packed ? b - g.cf * g.gf : b % g.gf;
+    blocks = packed ? g.gp : g.gf;
+    tiles = packed ? g.pack_tiles : g.tiles;
+    pack = packed ? g.pack : 1;
+  }
+  // Channel vector vv's first channel and its image within the group (0 unless packed); the box holds, per pixel,
+  // pack runs of rem channels, so vector vv covers elements vv * kVc... of a kCb-element pixel.
+  template <int CB>
+  __device__ int Channel(const DwTmaArgs& g, int vv) const {
+    return packed ? g.c - g.rem + vv * kVc % g.rem : ctile * CB + vv * kVc;
+  }
+  __device__ int Image(const DwTmaArgs& g, int vv) const { return packed ? vv * kVc / g.rem : 0; }
+};
+
+// The block's tiles bx + i * blocks, i = 0, 1, ..., as (image or image group n, tile row tr, tile column tc) with
+// their buffer (stage s, barrier phase), stepped without dividing. The producer lane and every consumer thread walk
+// the same sequence.
 struct TileCursor {
-  int tile, n, tr, tc, dn, dtr, dtc, s = 0, phase = 0;
-  __device__ explicit TileCursor(const DwTmaArgs& g)
-      : tile(blockIdx.x),
-        n(blockIdx.x / g.col_tiles / g.row_tiles),
-        tr(blockIdx.x / g.col_tiles % g.row_tiles),
-        tc(blockIdx.x % g.col_tiles),
-        dn(gridDim.x / g.col_tiles / g.row_tiles),
-        dtr(gridDim.x / g.col_tiles % g.row_tiles),
-        dtc(gridDim.x % g.col_tiles) {}
-  __device__ bool valid(const DwTmaArgs& g) const { return tile < g.tiles; }
+  int tile, tiles, step, n, tr, tc, dn, dtr, dtc, s = 0, phase = 0;
+  __device__ TileCursor(const DwTmaArgs& g, const BlockRole& r)
+      : tile(r.bx),
+        tiles(r.tiles),
+        step(r.blocks),
+        n(r.bx / g.col_tiles / g.row_tiles),
+        tr(r.bx / g.col_tiles % g.row_tiles),
+        tc(r.bx % g.col_tiles),
+        dn(r.blocks / g.col_tiles / g.row_tiles),
+        dtr(r.blocks / g.col_tiles % g.row_tiles),
+        dtc(r.blocks % g.col_tiles) {}
+  __device__ bool valid() const { return tile < tiles; }
   __device__ void next(const DwTmaArgs& g) {
-    tile += gridDim.x;
+    tile += step;
     if (++s == g.stages) s = 0, phase ^= 1;
     tc += dtc;
     tr += dtr;
@@ -104,7 +133,8 @@ struct TileCursor {
 // stride-2 bf16 forward 34.3 us instead of 29.3 (runs 216, 215).
 template <class T, class TO, int S, int CB>
 __global__ void __launch_bounds__(kBlockThreads, 2)
-    DwTmaKernel(const __grid_constant__ CUtensorMap src_map, const DwTmaArgs g, const T* __restrict__ w,
+    DwTmaKernel(const __grid_constant__ CUtensorMap src_map, const __grid_constant__ CUtensorMap pack_map,
+                const DwTmaArgs g, const T* __restrict__ w,
                 const void* __restrict__ bias, TO* __restrict__ dst) {
   using Full = cutlass::arch::ClusterTransactionBarrier;
   using Empty = cutlass::arch::ClusterBarrier;
@@ -117,10 +147,11 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   const int items = g.vt * g.strips * g.row_groups;
   const int cwarps = (items + 31) / 32;  // consumer warps; warp cwarps is the producer
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const BlockRole role(g);
 
   for (int i = threadIdx.x; i < kK * kK * g.vt; i += blockDim.x) {
     const int tap = i / g.vt, vv = i - tap * g.vt;
-    const int ch = blockIdx.y * CB + vv * kVc;
+    const int ch = role.Channel<CB>(g, vv);
     float f[kVc] = {0.f, 0.f, 0.f, 0.f};
     if (ch < g.c) LdGlobalAcc<T, float, kVc>(w + static_cast<int64_t>(g.flip ? kK * kK - 1 - tap : tap) * g.c + ch, f);
     fsm[i] = make_float4(f[0], f[1], f[2], f[3]);
@@ -136,15 +167,20 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
 
   if (warp == cwarps) {  // producer: one lane issues the boxes, `stages` tiles ahead of the slowest consumer warp
     if (lane == 0) {
-      cute::prefetch_tma_descriptor(&src_map);
-      for (TileCursor cur(g); cur.valid(g); cur.next(g)) {
+      const CUtensorMap* map = role.packed ? &pack_map : &src_map;
+      cute::prefetch_tma_descriptor(map);
+      constexpr auto kHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+      for (TileCursor cur(g, role); cur.valid(); cur.next(g)) {
         // The buffer's previous tile released (passes at once the first round).
         Empty::wait(&empty[cur.s], cur.phase ^ 1);
         Full::arrive_and_expect_tx(&full[cur.s], g.box_bytes);
-        cute::SM90_TMA_LOAD_4D::copy(&src_map, &full[cur.s],
-                                     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                     smem + cur.s * g.stage_bytes, blockIdx.y * CB, cur.tc * g.tile_cols * S + g.org_w,
-                                     cur.tr * g.tile_rows * S + g.org_h, cur.n);
+        void* buf = smem + cur.s * g.stage_bytes;
+        const int x = cur.tc * g.tile_cols * S + g.org_w, y = cur.tr * g.tile_rows * S + g.org_h;
+        if (role.packed) {  // (channel, image, column, row): see EncodeSource
+          cute::SM90_TMA_LOAD_4D::copy(map, &full[cur.s], kHint, buf, g.c - g.rem, cur.n * role.pack, x, y);
+        } else {
+          cute::SM90_TMA_LOAD_4D::copy(map, &full[cur.s], kHint, buf, role.ctile * CB, x, y, cur.n);
+        }
       }
     }
     return;
@@ -155,7 +191,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   const bool active = threadIdx.x < items;
   const int rest = threadIdx.x / g.vt;
   const int strip = rest % g.strips, rg = rest / g.strips;
-  const int ch = blockIdx.y * CB + v * kVc;
+  const int ch = role.Channel<CB>(g, v), img = role.Image(g, v);
   const bool live = active && ch < g.c;  // the last channel tile may be partial (its box reads zeros past c)
   float b[kVc] = {0.f, 0.f, 0.f, 0.f};
   if (live && g.has_bias) {
@@ -168,7 +204,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * CB + v * kVc;  // elements into the box
   const int row_elems = g.box_cols * CB;
   const float4* wv = fsm + v;
-  for (TileCursor cur(g); cur.valid(g); cur.next(g)) {
+  for (TileCursor cur(g, role); cur.valid(); cur.next(g)) {
     float acc[kTh][kP][kVc];
 #pragma unroll
     for (int j = 0; j < kTh; ++j)
@@ -206,9 +242,10 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
     }
     __syncwarp();
     if (lane == 0) Empty::arrive(&empty[cur.s]);  // this warp is done with the buffer
-    if (live) {
+    const int n = cur.n * role.pack + img;  // the last group of packed images may be short (zeros read)
+    if (live && n < g.n) {
       const int y0 = cur.tr * g.tile_rows + rg * kTh, x0 = cur.tc * g.tile_cols + strip * kP;
-      TO* d = dst + cur.n * g.dst_img + (y0 * g.dst_cols + x0) * g.c + ch;
+      TO* d = dst + n * g.dst_img + (y0 * g.dst_cols + x0) * g.c + ch;
       const bool whole = y0 + kTh <= g.dst_rows && x0 + kP <= g.dst_cols;
       const auto store = [&](auto act_c) {
         constexpr int kAct = decltype(act_c)::value;
@@ -315,24 +352,50 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
 }
 
 // The source as a 4-D tensor (c, cols, rows, images), box (cb, box_cols, box_rows, 1); out-of-bounds elements read
-// as zero.
-cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, DT in, const void* src, CUtensorMap* map) {
+// as zero. For the packed remainder tiles (rem > 0) the dimensions are ordered (c, images, cols, rows) and the box is
+// (rem, pack, box_cols, box_rows): in shared memory each pixel's pack runs of rem channels, one per image, sit where a
+// whole tile's kCb channels would, so the consumer reads the box as it reads any other. Images past n read as zero.
+cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, int rem, DT in, const void* src,
+                         CUtensorMap* map) {
   const size_t esize = in == DT::kF32 ? 4 : 2;
   const CUtensorMapDataType dtype = in == DT::kF32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                     : in == DT::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.c), static_cast<cuuint64_t>(t.src_cols),
-                              static_cast<cuuint64_t>(t.src_rows), static_cast<cuuint64_t>(t.n)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(t.c * esize),
-                                 static_cast<cuuint64_t>(t.src_cols * t.c * esize),
-                                 static_cast<cuuint64_t>(t.src_rows * t.src_cols * t.c * esize)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(cb), static_cast<cuuint32_t>(a.box_cols),
-                             static_cast<cuuint32_t>(a.box_rows), 1};
+  const cuuint64_t pix = t.c * esize, row = t.src_cols * pix, img = t.src_rows * row;  // strides in bytes
+  const auto u64 = [](int64_t v) { return static_cast<cuuint64_t>(v); };
+  const auto u32 = [](int64_t v) { return static_cast<cuuint32_t>(v); };
+  const cuuint64_t dims[4] = {u64(t.c), u64(rem ? t.n : t.src_cols), u64(rem ? t.src_cols : t.src_rows),
+                              u64(rem ? t.src_rows : t.n)};
+  const cuuint64_t strides[3] = {rem ? img : pix, rem ? pix : row, rem ? row : img};
+  const cuuint32_t box[4] = {u32(rem ? rem : cb), u32(rem ? cb / rem : a.box_cols), u32(rem ? a.box_cols : a.box_rows),
+                             u32(rem ? a.box_rows : 1)};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
       map, dtype, 4, const_cast<void*>(src), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// Blocks per channel tile. Every block is resident at once and walks its tiles in rounds; a layer's time follows
+// its rounds. A remainder of rem channels (4, 8 or 16: rem divides kCb) would take a whole channel tile per image
+// with kCb - rem of every 32 lanes idle, as many rounds as a whole tile (MobileNetV2's 56^2 x 144: 9 rounds against
+// 128 channels' 7). Packing kCb / rem images' remainders into one box shrinks that tile's rounds by as much: the
+// blocks are shared out so both kinds of tile need the fewest rounds.
+void ShareBlocks(int64_t resident, int64_t ctiles, bool packed, DwTmaArgs* a) {
+  const int64_t tiles = a->tiles, pack_tiles = a->pack_tiles;
+  const int64_t cf = packed ? ctiles - 1 : ctiles;
+  if (!packed) {
+    a->cf = static_cast<int>(cf), a->gf = static_cast<int>(std::max<int64_t>(1, std::min(tiles, resident / cf)));
+    a->gp = 0;
+    return;
+  }
+  // The fewest rounds whose blocks are all resident (if none are, as for thousands of channels, one tile per block).
+  const int64_t most = std::max(tiles, pack_tiles);
+  int64_t rounds = std::min(most, CeilDiv(cf * tiles + pack_tiles, resident));
+  while (rounds < most && cf * CeilDiv(tiles, rounds) + CeilDiv(pack_tiles, rounds) > resident) ++rounds;
+  a->cf = static_cast<int>(cf);
+  a->gf = static_cast<int>(CeilDiv(tiles, rounds));
+  a->gp = static_cast<int>(CeilDiv(pack_tiles, rounds));
 }
 
 template <class T, class TO>
@@ -344,21 +407,33 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* 
   // and 28^2 240 channels 11.6 / 15.4 against 11.0 / 15.5 (more halo per output: 12 channel vectors leave room for
   // at most 18 pixel items in a tile). Where 32 also divides c, stride 2 was mixed (run 247: 112^2 x 96 slower).
   const int cb = t.c % kCb != 0 && t.c % kCb48 == 0 && (t.sh == 2 || t.c == kCb48) ? kCb48 : kCb;
+  // A remainder that divides the tile, over more than one image, takes the packed tile (ShareBlocks).
+  const int rem = static_cast<int>(t.c % kCb);
+  const bool packed = cb == kCb && t.n > 1 && (rem == 4 || rem == 8 || rem == 16) && rem * sizeof(T) % 16 == 0;
   TmaPlan pl = MakePlan(t, sizeof(T), cb);
-  pl.a.act = act;
-  pl.a.has_bias = has_bias;
-  CUtensorMap map;
-  if (const cudaError_t e = EncodeSource(t, pl.a, cb, in, src, &map); e != cudaSuccess) return e;
-  const unsigned ctiles = static_cast<unsigned>(CeilDiv(t.c, cb));
+  DwTmaArgs& a = pl.a;
+  a.act = act;
+  a.has_bias = has_bias;
+  a.n = static_cast<int>(t.n);
+  a.rem = packed ? rem : 0;
+  a.pack = packed ? kCb / rem : 1;
+  a.pack_tiles = packed ? static_cast<int>(CeilDiv(t.n, a.pack) * a.row_tiles * a.col_tiles) : 0;
+  CUtensorMap map, pack_map;
+  if (const cudaError_t e = EncodeSource(t, a, cb, 0, in, src, &map); e != cudaSuccess) return e;
+  if (!packed) {
+    pack_map = map;  // unused
+  } else if (const cudaError_t e = EncodeSource(t, a, cb, a.rem, in, src, &pack_map); e != cudaSuccess) {
+    return e;
+  }
+  const int64_t ctiles = CeilDiv(t.c, cb);
   auto go = [&](auto kern) {
     if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
     int64_t resident = 0;
-    if (const cudaError_t e = ResidentBlocks(kern, pl.threads, pl.smem, ctiles, &resident); e != cudaSuccess) {
-      return e;
-    }
-    const int64_t grid = std::min<int64_t>(pl.a.tiles, resident);
-    kern<<<dim3(static_cast<unsigned>(grid), ctiles), pl.threads, pl.smem, s>>>(
-        map, pl.a, static_cast<const T*>(w), bias, static_cast<TO*>(dst));
+    if (const cudaError_t e = ResidentBlocks(kern, pl.threads, pl.smem, 1, &resident); e != cudaSuccess) return e;
+    ShareBlocks(resident, ctiles, packed, &a);
+    const int64_t grid = static_cast<int64_t>(a.cf) * a.gf + a.gp;
+    kern<<<static_cast<unsigned>(grid), pl.threads, pl.smem, s>>>(map, pack_map, a, static_cast<const T*>(w), bias,
+                                                                  static_cast<TO*>(dst));
     return cudaGetLastError();
   };
   if (cb == kCb48) return t.sh == 1 ? go(DwTmaKernel<T, TO, 1, kCb48>) : go(DwTmaKernel<T, TO, 2, kCb48>);
