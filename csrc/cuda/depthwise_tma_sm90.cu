@@ -10,7 +10,7 @@
 // memory, `stages` tiles ahead of the compute: the padding is the box's out-of-bounds fill (zeros), no thread
 // computes a global address or waits per load, and the compute loop has no predicates.
 //
-// Block = one channel tile (CB = 32 or 48 channels; or, for a remainder of 4, 8 or 16 channels, that remainder of
+// Block = one channel tile (CB = 32 or 48 channels; or, for some remainders of 4, 8 or 16 channels, that remainder of
 // CB / rem consecutive images) x a persistent sequence of spatial tiles (tile_rows x tile_cols destination pixels of
 // one image or image group; BlockRole, TileCursor). Item = (4 channels, kTh x kP destination pixels); consumer
 // thread = one item of every tile (its channel vector's 9 filter taps in shared memory) which, per source row, reads
@@ -376,11 +376,10 @@ cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, int rem, 
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// Blocks per channel tile. Every block is resident at once and walks its tiles in rounds; a layer's time follows
-// its rounds. A remainder of rem channels (4, 8 or 16: rem divides kCb) would take a whole channel tile per image
-// with kCb - rem of every 32 lanes idle, as many rounds as a whole tile (MobileNetV2's 56^2 x 144: 9 rounds against
-// 128 channels' 7). Packing kCb / rem images' remainders into one box shrinks that tile's rounds by as much: the
-// blocks are shared out so both kinds of tile need the fewest rounds.
+// Blocks per channel tile. Every block is resident at once and walks its tiles in rounds. A remainder of rem
+// channels (4, 8 or 16: rem divides kCb) would take a whole channel tile per image with kCb - rem of every 32 lanes
+// idle, as many rounds as a whole tile. Packing kCb / rem images' remainders into one box shrinks that tile's rounds
+// by as much: the blocks are shared out so both kinds of tile need the fewest rounds.
 void ShareBlocks(int64_t resident, int64_t ctiles, bool packed, DwTmaArgs* a) {
   const int64_t tiles = a->tiles, pack_tiles = a->pack_tiles;
   const int64_t cf = packed ? ctiles - 1 : ctiles;
@@ -407,9 +406,15 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* 
   // and 28^2 240 channels 11.6 / 15.4 against 11.0 / 15.5 (more halo per output: 12 channel vectors leave room for
   // at most 18 pixel items in a tile). Where 32 also divides c, stride 2 was mixed (run 247: 112^2 x 96 slower).
   const int cb = t.c % kCb != 0 && t.c % kCb48 == 0 && (t.sh == 2 || t.c == kCb48) ? kCb48 : kCb;
-  // A remainder that divides the tile, over more than one image, takes the packed tile (ShareBlocks).
+  // A remainder that divides the tile, over more than one image, after at most two whole tiles takes the packed
+  // tile (ShareBlocks). H200, run 250 (56^2 b32 unless named, bf16 / float32 HIGHEST fwd us, packed against not):
+  // 40 channels 11.2 / 11.3 against 12.7 / 11.4, 80 channels 13.1 / 20.8 against 14.5 / 22.2 (run 249: 16 channels
+  // 5.3 / 5.7 against 7.4 / 7.7); but 144 channels 23.7 / 37.0 against 23.7 / 35.7 and 28^2 x 240 11.2 / 15.6
+  // against 11.4 / 15.6, float32 up to 6 % slower in the data gradient: the rounds it saves (8 against 9 for 144) are
+  // not what bounds those layers.
   const int rem = static_cast<int>(t.c % kCb);
-  const bool packed = cb == kCb && t.n > 1 && (rem == 4 || rem == 8 || rem == 16) && rem * sizeof(T) % 16 == 0;
+  const bool packed = cb == kCb && t.n > 1 && t.c / kCb <= 2 &&
+                      (rem == 4 || rem == 8 || rem == 16) && rem * sizeof(T) % 16 == 0;
   TmaPlan pl = MakePlan(t, sizeof(T), cb);
   DwTmaArgs& a = pl.a;
   a.act = act;
