@@ -120,3 +120,43 @@ def test_flop_count_of_a_strided_grouped_case():
   oh, ow = (9 + 2 - 3) // 2 + 1, (10 + 2 - 3) // 2 + 1
   assert case.out_spatial == (oh, ow)
   assert case.flops("fwd") == 2 * 2 * oh * ow * 6 * (4 // 2) * 9
+
+
+def _scorecard_module():
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "issue4_scorecard.py"
+  spec = importlib.util.spec_from_file_location("issue4_scorecard", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_issue4_scorecard_applies_the_forward_target():
+  """A case meets the forward target at 1.5x lax, or within 1.25x its floor when not slower than lax; dense cases
+  (16+ input and output channels, groups 1) are left out of the count and the geometric mean."""
+  sc = _scorecard_module()
+
+  def rec(name, dtype, t_us, lax_us, pct_floor, cin=1, cout=1, groups=1):
+    case = {"name": name, "in_channels": cin, "out_channels": cout, "groups": groups}
+    return {"case": case, "dtype": dtype,
+            "impls": {"jaxconv": {"time_s": t_us * 1e-6, "pct_floor_jaxconv_path": pct_floor, "time_source": "fit"},
+                      "lax": {"time_s": lax_us * 1e-6}}}
+
+  results = {"results": [
+      rec("fast", "bfloat16", 10.0, 20.0, 10.0),              # 2x lax, far from its floor: met
+      rec("near_floor", "bfloat16", 10.0, 12.0, 90.0),        # 1.2x lax, 1.11x its floor: met
+      rec("slower", "float32-highest", 10.0, 9.9, 100.0),     # at its floor but slower than lax: not met
+      rec("short", "float32-highest", 10.0, 14.0, 70.0),      # 1.4x lax, 1.43x its floor: not met
+      rec("dense", "bfloat16", 10.0, 1.0, 1.0, 64, 64),       # 0.1x lax, but dense: not counted
+      rec("depthwise", "bfloat16", 10.0, 30.0, 50.0, 64, 64, groups=64),  # 3x: counted (not dense)
+  ]}
+  lines = sc.scorecard(results)
+  rows = {ln.split(" | ")[0][2:]: ln for ln in lines if ln.startswith("| ") and not ln.startswith("| case")}
+  assert rows["fast"].endswith("| yes |") and rows["near_floor"].endswith("| yes |")
+  assert rows["slower"].endswith("| **no** |") and rows["short"].endswith("| **no** |")
+  assert rows["dense"].endswith("| dense: not a target |") and rows["depthwise"].endswith("| yes |")
+  bf16 = (2.0 * 1.2 * 3.0) ** (1 / 3)
+  f32 = (0.99 * 1.4) ** 0.5
+  every = (2.0 * 1.2 * 3.0 * 0.99 * 1.4) ** (1 / 5)
+  assert lines[-1] == f"met 3 of 5; geomean {every:.2f}; bf16 {bf16:.2f}; f32 HIGHEST {f32:.2f}"
