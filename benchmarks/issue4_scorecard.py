@@ -9,7 +9,7 @@ measurement and a last line with the count met and the geometric means (all, bf1
 """
 
 import json
-import math
+import statistics
 import sys
 
 DTYPE_LABEL = {"bfloat16": "bf16", "float32-highest": "f32 HIGHEST"}
@@ -26,7 +26,7 @@ def verdict(ratio, x_floor):
 
 
 def geomean(values):
-  return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+  return statistics.geometric_mean(values) if values else float("nan")
 
 
 def scorecard(results):
