@@ -361,14 +361,22 @@ cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, int rem, 
   const CUtensorMapDataType dtype = in == DT::kF32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                     : in == DT::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const cuuint64_t pix = t.c * esize, row = t.src_cols * pix, img = t.src_rows * row;  // strides in bytes
-  const auto u64 = [](int64_t v) { return static_cast<cuuint64_t>(v); };
-  const auto u32 = [](int64_t v) { return static_cast<cuuint32_t>(v); };
-  const cuuint64_t dims[4] = {u64(t.c), u64(rem ? t.n : t.src_cols), u64(rem ? t.src_cols : t.src_rows),
-                              u64(rem ? t.src_rows : t.n)};
-  const cuuint64_t strides[3] = {rem ? img : pix, rem ? pix : row, rem ? row : img};
-  const cuuint32_t box[4] = {u32(rem ? rem : cb), u32(rem ? cb / rem : a.box_cols), u32(rem ? a.box_cols : a.box_rows),
-                             u32(rem ? a.box_rows : 1)};
+  // One entry per tensor dimension: its extent, its stride in bytes and the box's extent along it.
+  struct Dim {
+    int64_t size, stride, box;
+  };
+  const int64_t pix = t.c * static_cast<int64_t>(esize), row = t.src_cols * pix;
+  const Dim ch{t.c, static_cast<int64_t>(esize), rem ? rem : cb}, cols{t.src_cols, pix, a.box_cols},
+      rows{t.src_rows, row, a.box_rows}, imgs{t.n, t.src_rows * row, rem ? cb / rem : 1};
+  const Dim whole[4] = {ch, cols, rows, imgs}, packed[4] = {ch, imgs, cols, rows};
+  const Dim* order = rem ? packed : whole;
+  cuuint64_t dims[4], strides[3];  // strides of dimensions 1-3 (dimension 0's elements are contiguous)
+  cuuint32_t box[4];
+  for (int i = 0; i < 4; ++i) {
+    dims[i] = static_cast<cuuint64_t>(order[i].size);
+    box[i] = static_cast<cuuint32_t>(order[i].box);
+    if (i > 0) strides[i - 1] = static_cast<cuuint64_t>(order[i].stride);
+  }
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
       map, dtype, 4, const_cast<void*>(src), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -380,7 +388,8 @@ cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, int rem, 
 // channels (4, 8 or 16: rem divides kCb) would take a whole channel tile per image with kCb - rem of every 32 lanes
 // idle, as many rounds as a whole tile. Packing kCb / rem images' remainders into one box shrinks that tile's rounds
 // by as much: the blocks are shared out so both kinds of tile need the fewest rounds.
-void ShareBlocks(int64_t resident, int64_t ctiles, bool packed, DwTmaArgs* a) {
+void ShareBlocks(int64_t resident, int64_t ctiles, DwTmaArgs* a) {
+  const bool packed = a->rem > 0;
   const int64_t tiles = a->tiles, pack_tiles = a->pack_tiles;
   const int64_t cf = packed ? ctiles - 1 : ctiles;
   if (!packed) {
@@ -435,7 +444,7 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* 
     if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
     int64_t resident = 0;
     if (const cudaError_t e = ResidentBlocks(kern, pl.threads, pl.smem, 1, &resident); e != cudaSuccess) return e;
-    ShareBlocks(resident, ctiles, packed, &a);
+    ShareBlocks(resident, ctiles, &a);
     const int64_t grid = static_cast<int64_t>(a.cf) * a.gf + a.gp;
     kern<<<static_cast<unsigned>(grid), pl.threads, pl.smem, s>>>(map, pack_map, a, static_cast<const T*>(w), bias,
                                                                   static_cast<TO*>(dst));
