@@ -174,6 +174,45 @@ def test_small_4to4_mma(name, dtype, rng):
   _run_case(name, dtype, rng)
 
 
+def _window_reach(bad):
+  """Pixels of a 3x3 SAME unit-stride output whose windows hold a pixel where `bad` (N, H, W) is set."""
+  p = np.pad(bad, ((0, 0), (1, 1), (1, 1)))
+  h, w = bad.shape[1:]
+  return np.any([p[:, i:i + h, j:j + w] for i in range(3) for j in range(3)], axis=0)
+
+
+# The tensor-core pixel kernel multiplies each source pixel's neighbours by zero weights (its B's padding): an inf or
+# NaN there must not reach outputs whose windows miss it (inf * 0 = nan). Non-finite values at the image's edges and
+# inside, in one channel or all, in the source (fwd) and the cotangent (dgrad, the flipped window).
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_small_4to4_mma_nonfinite_reaches_only_its_windows(dtype, rng):
+  shape = (2, 23, 70, 4)
+  conv = functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small", precision="highest")
+
+  def spoil(a):
+    a[1, -1, -1, :] = np.inf
+    a[0, 5, 33, 2] = -np.inf
+    a[0, 12, 0, 1] = np.nan
+    a[1, 0, 40, 3] = np.inf
+    return a
+
+  x, ct = spoil(cu.randn(rng, shape, dtype)), spoil(cu.randn(rng, shape, dtype))
+  w = cu.randn(rng, (3, 3, 4, 4), dtype)
+  xg, wg, ctg = cu.to_gpu(x), cu.to_gpu(w), cu.to_gpu(ct)
+  y = np.asarray(jax.jit(conv)(xg, wg)).astype(np.float64)
+  dx = np.asarray(jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct)[0])(xg, wg, ctg)).astype(np.float64)
+  for out, src, what in ((y, x, "fwd"), (dx, ct, "dgrad")):
+    reach = _window_reach(~np.all(np.isfinite(src.astype(np.float64)), axis=-1))
+    np.testing.assert_array_equal(~np.isfinite(out), np.repeat(reach[..., None], 4, axis=-1), what)
+  # elsewhere the values themselves (the warps that met a non-finite output recomputed theirs)
+  kw = cu.channels_last_lax_kw(2, (1, 1), "SAME", (1, 1))
+  fin = lambda a: np.where(np.isfinite(a.astype(np.float64)), a.astype(np.float64), 0.0)
+  ry, rdx = cu.ref_conv(fin(x), w, **kw), cu.ref_conv_vjp(fin(x), w, fin(ct), **kw)[0]
+  for out, ref, src, what in ((y, ry, x, "fwd"), (dx, rdx, ct, "dgrad")):
+    ok = ~_window_reach(~np.all(np.isfinite(src.astype(np.float64)), axis=-1))
+    cu.assert_close(out[ok], ref[ok], cu.tolerance(dtype), f"{what} finite outputs {dtype}")
+
+
 # Three 4 -> 4 layers back to back and their gradients in one jit (each pixel kernel reads what the previous one
 # wrote; grids of more than one wave: 684 blocks of the forward), against float64.
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -1319,13 +1319,8 @@ cudaError_t RunTw(const TwArgs& g, int cbw, int kbw, const void* x, const void* 
 constexpr int kPxThreads = 256;
 constexpr int kPxRows = kPxThreads / 32;
 constexpr int64_t kPxSmemMax = 48 * 1024;
-constexpr int kMmaCols = 16 * 4 + 2;  // source pixels a warp of the tensor-core kernel stages per window row
-// Shared memory of the FMA pixel kernel (the filter as f32, 4 x 4 per tap) and of the tensor-core one (each warp's
-// 3 staged rows of 16-byte pixel pairs, then the B fragments, 32 lanes x 8 bytes per window row).
+// Shared memory of the FMA pixel kernel: the filter as f32, 4 x 4 per tap.
 inline int64_t PixelSmem(const ScArgs& g) { return static_cast<int64_t>(g.ntaps) * 16 * sizeof(float); }
-inline int64_t PixelMmaSmem(const ScArgs& g) {
-  return int64_t{kPxRows} * 3 * kMmaCols * 16 + static_cast<int64_t>(g.taps[0]) * 3 * 32 * sizeof(uint2);
-}
 
 // f(r, off) for each window row r = 3 f0 + f1 of a window 3 rows tall (any taps along dim 0) whose source row lies
 // inside the source; off = the row's element offset in the image. The skip is uniform over a warp (one row t1).
@@ -1455,139 +1450,165 @@ cudaError_t LaunchPixel(const ScArgs& g, const void* src, const void* w, const v
   return cudaGetLastError();
 }
 
-// 16-bit data, the unrolled 3x3 (K = 3 above): tensor cores instead of FMAs (ScPixelMmaKernel). The FMA kernel
-// spends 144 FMAs per pixel and, with the loads, converts and filter reads around them, half its instructions are
-// not FMAs (ncu, DEVICE_RUNS 155). Here each window row is one mma.sync m16n8k16 per 16 pixels:
-// M = 16 destination pixels of the warp's row segment (the same 64-pixel segments, 8-row blocks and grid as the
-// FMA kernel: 4 M tiles a warp), N = the 4 destination channels padded to 8, K = (k2, source channel) as 4 k2 + ci,
-// its last 4 zero, where k2 is the tap f2 (column dilation +1) or 2 - f2 (-1). A warp loads its 3 source rows
-// (66 pixels each) at once, one coalesced 8-byte load per pixel, issued before the block stages the filter's B
-// fragments; it writes them to its shared memory as overlapping pixel pairs (entry d = pixels d, d + 1: one aligned
-// 16-byte ldmatrix row), so an M tile's A fragment is one ldmatrix.x2 (K 0-7) and two 4-byte reads (K 8-11; K 12-15
-// stay zero, never a neighbouring pixel times a zero weight, which an infinite pixel would turn into NaN). Products
-// of 16-bit values are exact in f32 and the accumulators are f32, as in the FMA kernel. Same build, bf16, msd 512²
-// (runs 169, 178): fwd 5.4 (FMA) -> 5.0 (4-byte A loads from global memory, a window row at a time) -> 4.87 µs,
-// dgrad 5.6 -> 5.1 -> 4.9.
-template <class T, class TO, int G2>
-__global__ void __launch_bounds__(kPxThreads, 4) ScPixelMmaKernel(const ScArgs g, const T* __restrict__ src,
-                                                                  const T* __restrict__ w, const TO* __restrict__ bias,
+// 16-bit data, the unrolled 3x3 (K = 3 above): tensor cores instead of FMAs (ScPixelMmaKernel). One mma.sync
+// m16n8k16 per window row gives 32 destination pixels x 4 channels. Row m of A is the 4 source pixels from
+// 2m + base on (K = 4 k2 + ci: 32 contiguous bytes), column n = 4p + co of B the filter of destination pixel 2m + p,
+// tap f2 = k2 - p (G2 > 0) or 2 - (k2 - p) (G2 < 0), zero where k2 - p is not a tap. In this layout a lane's
+// fragments all belong to pixel lane / 2 of a 16-pixel group and channel pair lane % 2: its A words are 4-byte loads
+// straight from global memory (a warp reads 128 contiguous bytes per load), its B words 4 filter values, and its
+// accumulators one 4-byte (16-bit) store of that pixel's channels 2 (lane % 2), + 1. No shared memory and no
+// barrier. A zero of B times an inf or NaN neighbour is NaN where lax's sum is finite, so a warp with a non-finite
+// output recomputes its outputs with FMAs over the real taps only (rare: only non-finite data gets there).
+// Products of 16-bit values are exact in f32 and the accumulators are f32, as in the FMA kernel.
+// A warp takes NC = 4 chunks (128 columns) of R = 2 destination rows and loads each of their R + 2 source rows once
+// (unit row stride and gamma1 = G2: the forward and data gradient of an undilated 3x3), else R = 1 (any rows).
+// H200, bf16 msd 4->4, fwd / dgrad busy us (runs 254-255, same builds): 512^2 4.82 / 4.88 with the previous kernel
+// (a warp's three source rows staged in shared memory as overlapping pixel pairs, ldmatrix.x2 plus two 4-byte reads
+// per M tile of 16 pixels, half of K and N zero), 4.72 / 4.91 at NC = 2 and R = 1, 3.49 / 3.50 at NC = 4, 3.33 /
+// 3.37 at R = 2, 3.73 / 3.72 at NC = 2 and R = 4; 1024^2 14.0 / 14.2, 15.6 / 16.1, 10.8 / 11.0, 7.2 / 7.3, 7.8 / 7.8.
+constexpr int kMmaChunks = 4;  // 32-pixel MMAs per warp and window row
+constexpr int kMmaRows = 2;    // destination rows per warp in the row sweep
+
+template <class T, class TO, int G2, int NC, int R>
+__global__ void __launch_bounds__(kPxThreads, 2) ScPixelMmaKernel(const ScArgs g, const T* __restrict__ src,
+                                                                  const T* __restrict__ w,
+                                                                  const TO* __restrict__ bias,
                                                                   TO* __restrict__ dst) {
-  constexpr int kMt = 4;  // M tiles of 16 pixels a warp
-  extern __shared__ __align__(16) uint4 psm[];  // [warp][window row f1][kMmaCols] pairs, then the B fragments
-  uint2* bfrag = reinterpret_cast<uint2*>(psm + kPxRows * 3 * kMmaCols);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int gq = lane >> 2, tq = lane & 3;
-  const int t1 = static_cast<int>(blockIdx.y) * kPxRows + warp;
-  const bool live = t1 < g.tsp[1];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t1 = (static_cast<int>(blockIdx.y) * kPxRows + warp) * R;  // the warp's first destination row
+  if (t1 >= g.tsp[1]) return;  // no barrier follows
   const int64_t n = blockIdx.z / g.tsp[0];
   const int t0 = static_cast<int>(blockIdx.z - n * g.tsp[0]);
-  const int s0 = static_cast<int>(blockIdx.x) * 16 * kMt;
-  const int qlo = s0 + g.beta[2] + (G2 < 0 ? -2 : 0);  // staged pixel d = source column qlo + d
-  const T* sb = src + n * g.sN;
-  uint2 raw[3][3];
-  bool rv[3];
-  auto load_rows = [&](int f0) {
-    const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], 1, g.lim[0]);
+  const int s0 = static_cast<int>(blockIdx.x) * 32 * NC;  // the warp's first destination pixel
+  const int px = lane >> 1, half = lane & 1;               // pixel within 16, channel pair
+  const int qb = s0 + g.beta[2] + (G2 < 0 ? -2 : 0) + px;   // source pixel of a[0], chunk 0
+  constexpr int kOff[4] = {0, 16, 2, 18};                   // a[i]'s source pixel past qb (+32 per chunk)
+  unsigned cv = 0;  // bit 4c + i: a[i] of chunk c lies inside the source row (the same for every row)
 #pragma unroll
-    for (int f1 = 0; f1 < 3; ++f1) {
-      const int q1 = t1 * g.alpha[1] + g.beta[1] + f1 * g.gamma[1];
-      rv[f1] = live && q0 >= 0 && static_cast<unsigned>(q1) < static_cast<unsigned>(g.lim[1]);
-      const T* rp = sb + (static_cast<int64_t>(q0) * g.sS[0] + static_cast<int64_t>(q1) * g.sS[1]);
+  for (int c = 0; c < NC; ++c)
 #pragma unroll
-      for (int j = 0; j < 3; ++j) {
-        const int q = qlo + 32 * j + lane;
-        const bool ok = rv[f1] && (j < 2 || lane < 2) && static_cast<unsigned>(q) < static_cast<unsigned>(g.lim[2]);
-        raw[f1][j] = ok ? __ldg(reinterpret_cast<const uint2*>(rp + 4 * q)) : make_uint2(0u, 0u);
-      }
-    }
-  };
-  load_rows(0);
-  // Lane (co, t)'s B fragment of window row r: b0 = K rows 2t, 2t + 1 (k2 = t / 2), b1 = K rows 2t + 8, 2t + 9
-  // (k2 = 2, t < 2), zero for co >= 4; staged pixel d + k2 is tap f2 = k2 (G2 > 0) or 2 - k2. Staged: each lane
-  // loading its own from global memory was 4-11 % slower (run 168).
+    for (int i = 0; i < 4; ++i)
+      cv |= static_cast<unsigned>(static_cast<unsigned>(qb + 32 * c + kOff[i]) < static_cast<unsigned>(g.lim[2]))
+            << (4 * c + i);
+  // Lane (gq, tq)'s B words: b0 holds K rows 2tq, 2tq + 1 (k2 = tq / 2), b1 K rows + 8 (k2 + 2), of column gq.
+  const int gq = lane >> 2, tq = lane & 3, bp = gq >> 2, bco = gq & 3, bci = 2 * (tq & 1);
   const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
-  for (int e = tid; e < g.taps[0] * 3 * 32; e += kPxThreads) {
-    const int r = e >> 5, co = (e & 31) >> 2, t = e & 3, ci = 2 * (t & 1);
-    uint32_t b[2] = {0u, 0u};
+  auto wbits = [&](int r, int k2, int ci) -> uint32_t {
+    const int d = k2 - bp;
+    if (d < 0 || d > 2) return 0u;
+    const int f2 = G2 > 0 ? d : 2 - d;
+    return __ldg(wb + static_cast<int64_t>(r * 3 + f2) * g.wF + ci * g.wCi + bco * g.wCo);
+  };
+  const T* sb = src + n * g.sN;
+  float acc[R][NC][4];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int k2 = 2 * h + (t >> 1);
-      const int f2 = G2 > 0 ? k2 : 2 - k2;
-      if (co < 4 && k2 < 3) {
-        const int64_t o = static_cast<int64_t>(r * 3 + f2) * g.wF + co * g.wCo + ci * g.wCi;
-        b[h] = static_cast<uint32_t>(wb[o]) | (static_cast<uint32_t>(wb[o + g.wCi]) << 16);
-      }
+  for (int j = 0; j < R; ++j)
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][c][e] = 0.f;
+  // Source row u of the sweep feeds destination row j through window row f1 = k1 (G2 > 0) or 2 - k1, k1 = u - j.
+  constexpr int U = R == 1 ? 3 : R + 2;
+  for (int f0 = 0; f0 < g.taps[0]; ++f0) {
+    const int q0 = TapIndex(t0 * g.alpha[0] + g.beta[0] + f0 * g.gamma[0], 1, g.lim[0]);
+    if (q0 < 0) continue;
+    // Every source row's loads (A), and the filter's (B), before the first MMA.
+    bool rv[U];
+    uint32_t a[U][NC][4], b[3][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int q1 = R == 1 ? t1 * g.alpha[1] + g.beta[1] + u * g.gamma[1] : t1 + g.beta[1] + (G2 < 0 ? u - 2 : u);
+      rv[u] = static_cast<unsigned>(q1) < static_cast<unsigned>(g.lim[1]);  // uniform over the warp
+      const uint32_t* rp = reinterpret_cast<const uint32_t*>(
+                               sb + (static_cast<int64_t>(q0) * g.sS[0] + static_cast<int64_t>(q1) * g.sS[1])) +
+                           2 * static_cast<int64_t>(qb) + half;
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          a[u][c][i] = rv[u] && ((cv >> (4 * c + i)) & 1u) ? __ldg(rp + 2 * (32 * c + kOff[i])) : 0u;
     }
-    bfrag[e] = make_uint2(b[0], b[1]);
-  }
-  __syncthreads();
-  if (!live) return;  // no barrier follows
-  float acc[kMt][4];
-#pragma unroll
-  for (int i = 0; i < kMt; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
-  uint4* st = psm + warp * 3 * kMmaCols;
-  uint2* st2 = reinterpret_cast<uint2*>(st);
-  const unsigned* st4 = reinterpret_cast<const unsigned*>(st);
-  for (int f0 = 0;;) {
 #pragma unroll
     for (int f1 = 0; f1 < 3; ++f1) {
-      if (!rv[f1]) continue;  // uniform over the warp
+      const int r = f0 * 3 + f1;
+      b[f1][0] = wbits(r, tq >> 1, bci) | wbits(r, tq >> 1, bci + 1) << 16;
+      b[f1][1] = wbits(r, 2 + (tq >> 1), bci) | wbits(r, 2 + (tq >> 1), bci + 1) << 16;
+    }
 #pragma unroll
-      for (int j = 0; j < 3; ++j) {
-        const int d = 32 * j + lane;
-        if (j < 2 || lane < 2) {
-          st2[2 * (f1 * kMmaCols + d)] = raw[f1][j];                    // pair d, low half
-          if (d > 0) st2[2 * (f1 * kMmaCols + d) - 1] = raw[f1][j];    // pair d - 1, high half
+    for (int j = 0; j < R; ++j)
+#pragma unroll
+      for (int f1 = 0; f1 < 3; ++f1) {
+        const int u = R == 1 ? f1 : j + (G2 > 0 ? f1 : 2 - f1);
+        if (!rv[u]) continue;
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+          Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[j][c], a[u][c], b[f1][0], b[f1][1]);
+      }
+  }
+  bool finite = true;
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) finite = finite && fabsf(acc[j][c][e]) < INFINITY;  // false for inf and NaN
+  if (!__all_sync(0xffffffffu, finite)) {
+    // The warp's outputs again, over the taps that exist only (the lane's pixels and channel pair, as above).
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int t2 = s0 + 32 * c + 16 * h + px;
+          float v0 = 0.f, v1 = 0.f;
+          ForEachWindowRow3(g, t0, t1 + j, [&](int r, int off) {
+#pragma unroll
+            for (int f2 = 0; f2 < 3; ++f2) {
+              const int q = t2 + g.beta[2] + f2 * G2;
+              if (static_cast<unsigned>(q) >= static_cast<unsigned>(g.lim[2])) continue;
+              float xv[4];
+              LdGlobalAcc<T, float, 4>(sb + off + 4 * static_cast<int64_t>(q), xv);
+              const T* wf = w + static_cast<int64_t>(r * 3 + f2) * g.wF + 2 * half * g.wCo;
+#pragma unroll
+              for (int ci = 0; ci < 4; ++ci) {
+                v0 = fmaf(xv[ci], ToAcc(wf[ci * g.wCi]), v0);
+                v1 = fmaf(xv[ci], ToAcc(wf[ci * g.wCi + g.wCo]), v1);
+              }
+            }
+          });
+          acc[j][c][2 * h] = v0, acc[j][c][2 * h + 1] = v1;
         }
-      }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int f1 = 0; f1 < 3; ++f1) {
-      if (!rv[f1]) continue;
-      const uint2 bf = bfrag[(f0 * 3 + f1) * 32 + lane];
-#pragma unroll
-      for (int i = 0; i < kMt; ++i) {
-        const int base = f1 * kMmaCols + 16 * i;
-        uint32_t k07[2];
-        LdMatrix<2>(k07, st + base + (lane & 15));
-        const uint32_t a[4] = {k07[0], k07[1], tq < 2 ? st4[4 * (base + gq + 2) + tq] : 0u,
-                               tq < 2 ? st4[4 * (base + gq + 10) + tq] : 0u};
-        Mma16816<std::is_same_v<T, __nv_bfloat16>>(acc[i], a, bf.x, bf.y);
-      }
-    }
-    if (++f0 >= g.taps[0]) break;
-    __syncwarp();  // this window row set's reads are done before the next one's stores
-    load_rows(f0);
   }
-  if (tq >= 2) return;  // lanes t < 2 hold the real channels 2t, 2t + 1
-  TO* drow = dst + n * g.dN + (t0 * g.dS[0] + t1 * g.dS[1]) + 2 * tq;
-  const float b0 = g.has_bias ? ToAcc(bias[2 * tq]) : 0.f, b1 = g.has_bias ? ToAcc(bias[2 * tq + 1]) : 0.f;
+  const float b0 = g.has_bias ? ToAcc(bias[2 * half]) : 0.f, b1 = g.has_bias ? ToAcc(bias[2 * half + 1]) : 0.f;
   WithActivation(g.act, [&](auto act_c) {
     constexpr int kAct = decltype(act_c)::value;
 #pragma unroll
-    for (int i = 0; i < kMt; ++i) {
+    for (int j = 0; j < R; ++j) {
+      if (t1 + j >= g.tsp[1]) break;
+      TO* drow = dst + n * g.dN + (t0 * g.dS[0] + (t1 + j) * g.dS[1]) + 2 * half;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int t2 = s0 + 16 * i + gq + 8 * h;
-        if (t2 < g.tsp[2]) {
-          StorePair(drow + 4 * t2, Activate(acc[i][2 * h] + b0, kAct), Activate(acc[i][2 * h + 1] + b1, kAct));
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int t2 = s0 + 32 * c + 16 * h + px;
+          if (t2 < g.tsp[2]) {
+            StorePair(drow + 4 * t2, Activate(acc[j][c][2 * h] + b0, kAct),
+                      Activate(acc[j][c][2 * h + 1] + b1, kAct));
+          }
         }
-      }
     }
   });
 }
 
-template <class T, class TO, int G2>
+template <class T, class TO, int G2, int NC, int R>
 cudaError_t LaunchPixelMma(const ScArgs& g, const void* src, const void* w, const void* bias, void* dst,
                            cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(CeilDiv(g.tsp[2], 64)), static_cast<unsigned>(CeilDiv(g.tsp[1], kPxRows)),
-                  static_cast<unsigned>(g.n * g.tsp[0]));
-  const size_t smem = static_cast<size_t>(PixelMmaSmem(g));
-  ScPixelMmaKernel<T, TO, G2><<<grid, kPxThreads, smem, s>>>(g, static_cast<const T*>(src), static_cast<const T*>(w),
-                                                             static_cast<const TO*>(bias), static_cast<TO*>(dst));
+  const dim3 grid(static_cast<unsigned>(CeilDiv(g.tsp[2], 32 * NC)),
+                  static_cast<unsigned>(CeilDiv(g.tsp[1], kPxRows * R)), static_cast<unsigned>(g.n * g.tsp[0]));
+  ScPixelMmaKernel<T, TO, G2, NC, R><<<grid, kPxThreads, 0, s>>>(g, static_cast<const T*>(src),
+                                                                 static_cast<const T*>(w),
+                                                                 static_cast<const TO*>(bias), static_cast<TO*>(dst));
   return cudaGetLastError();
 }
 
@@ -1608,18 +1629,24 @@ cudaError_t RunPixel(const ScArgs& g, DT in, DT out, const void* src, const void
   if (CeilDiv(g.tsp[1], kPxRows) > 65535 || g.n * g.tsp[0] > 65535) return cudaSuccess;
   *launched = true;
   if (g.n * g.tsp[0] * g.tsp[1] * g.tsp[2] <= 0) return cudaSuccess;
-  // The unrolled 3x3: on tensor cores for 16-bit data (with the filter's fragments in 48 KiB), else at 2 pixels
-  // per thread (run 153, msd's 512² layer: 5.5 µs; 4 pixels 6.5, the general loop 7.0); other windows 2 pixels
-  // per thread while that leaves the busy-warp count, else 1.
+  // The unrolled 3x3: on tensor cores for 16-bit data, else at 2 pixels per thread (run 153, msd's 512² layer:
+  // 5.5 µs; 4 pixels 6.5, the general loop 7.0); other windows 2 pixels per thread while that leaves the busy-warp
+  // count, else 1.
   const bool k3 = g.taps[1] == 3 && g.taps[2] == 3 && g.alpha[2] == 1 && (g.gamma[2] == 1 || g.gamma[2] == -1);
   const bool two = g.n * g.tsp[0] * g.tsp[1] * CeilDiv(g.tsp[2], 64) >= kBusyWarps;
   return WithF32AccTypes(in, out, [&](auto t, auto to) {
     using T = decltype(t);
     using TO = decltype(to);
     if constexpr (sizeof(T) == 2) {
-      if (k3 && PixelMmaSmem(g) <= kPxSmemMax) {
-        return g.gamma[2] > 0 ? LaunchPixelMma<T, TO, 1>(g, src, w, bias, dst, s)
-                              : LaunchPixelMma<T, TO, -1>(g, src, w, bias, dst, s);
+      if (k3) {
+        // The row sweep where destination rows share source rows (unit row stride, undilated rows).
+        const bool sweep = g.alpha[1] == 1 && g.gamma[1] == g.gamma[2];
+        if (sweep) {
+          return g.gamma[2] > 0 ? LaunchPixelMma<T, TO, 1, kMmaChunks, kMmaRows>(g, src, w, bias, dst, s)
+                                : LaunchPixelMma<T, TO, -1, kMmaChunks, kMmaRows>(g, src, w, bias, dst, s);
+        }
+        return g.gamma[2] > 0 ? LaunchPixelMma<T, TO, 1, kMmaChunks, 1>(g, src, w, bias, dst, s)
+                              : LaunchPixelMma<T, TO, -1, kMmaChunks, 1>(g, src, w, bias, dst, s);
       }
     } else if (k3) {
       return g.gamma[2] > 0 ? LaunchPixel<T, TO, 2, 3, 1>(g, src, w, bias, dst, s)
