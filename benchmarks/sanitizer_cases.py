@@ -62,6 +62,9 @@ CASES = [
     ("small 4to4 pixel", 2, (2, 37, 70, 4), (3, 3), 4, 1, (1, 1), (1, 1), "SAME", "small"),
     # bf16: the tensor-core pixel kernel, checked and unchecked (inside the row) segments
     ("small 4to4 pixel wide", 2, (1, 19, 200, 4), (3, 3), 4, 1, (1, 1), (1, 1), "SAME", "small"),
+    # 16-bit filter gradient on tensor cores: a 3-D window, W stride 2 and dilation 3, two column tiles
+    ("small 4to4 pixel wgrad 3d", 3, (1, 4, 17, 150, 4), (2, 3, 2), 4, 1, (1, 1, 2), (1, 2, 3),
+     ((0, 1), (1, 1), (2, 1)), "small"),
     ("small 4to4 pixel s2 5x5", 2, (2, 37, 70, 4), (5, 5), 4, 1, (2, 2), (1, 1), ((2, 1), (0, 2)), "small"),
     ("small 1to4 odd tile", 2, (3, 12, 13, 1), (2, 4), 4, 1, (1, 1), (1, 1), ((1, 0), (-1, 4)), "small"),
     ("auto 2d", 2, (2, 12, 12, 3), (3, 3), 16, 1, (1, 1), (2, 2), "SAME", "auto"),

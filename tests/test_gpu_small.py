@@ -118,6 +118,8 @@ CASES = {
     # H stride 2 and H dilation 2 with window rows above the image (the forward's 3x3 stays on the unrolled
     # kernels: only the column stride and dilation must be 1)
     "px_4to4_hstride2_hdil2": ((2, 37, 131, 4), (3, 3), ((3, 0), (1, 1)), (2, 1), (2, 1), 4),
+    # a 4x2 window (the 16-bit filter gradient's widest 4 rows), W stride 2 and W dilation 3, negative W padding
+    "px_4to4_4x2_ws2_wdil3": ((3, 29, 203, 4), (4, 2), ((2, 1), (3, -1)), (1, 3), (1, 2), 4),
     # W padding below zero on one side: staged source columns start inside the row
     "px_4to4_wneg_pad": ((1, 23, 150, 4), (3, 3), ((1, 1), (-1, 2)), (1, 1), (1, 1), 4),
 }
@@ -169,7 +171,8 @@ def test_small_dtypes(name, dtype, rng):
 # negative W padding, rows narrower than a warp's 64 columns.
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", ["px_4to4_3x3_wide_inner", "px_4to4_chunks_cross_images", "px_4to4_hstride2_hdil2",
-                                  "3d_4to4", "px_4to4_wneg_pad", "4to4_tile_plus1"])
+                                  "3d_4to4", "px_4to4_wneg_pad", "4to4_tile_plus1", "px_4to4_4x2_ws2_wdil3",
+                                  "px_4to4_5x5_dil2"])
 def test_small_4to4_mma(name, dtype, rng):
   _run_case(name, dtype, rng)
 
@@ -209,6 +212,35 @@ def test_small_4to4_mma_nonfinite_reaches_only_its_windows(dtype, rng):
     np.testing.assert_array_equal(~np.isfinite(out), np.repeat(reach[..., None], 4, axis=-1), what)
     # elsewhere the values themselves (the warps that met a non-finite output recomputed theirs)
     cu.assert_close(out[~reach], ref[~reach], cu.tolerance(dtype), f"{what} finite outputs {dtype}")
+
+
+# The tensor-core filter gradient (16-bit 4 -> 4) multiplies source pixels in the padding (zeros) by dy, and source
+# rows whose dy row lies outside the image by zeros: an inf or NaN of the source must reach exactly the filter
+# entries that hold a product of it (the sum of the real products, built here term by term in float64).
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_small_4to4_mma_wgrad_nonfinite_reaches_only_its_entries(dtype, rng):
+  shape = (2, 23, 70, 4)
+  conv = functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small", precision="highest")
+  x, ct, w = cu.randn(rng, shape, dtype), cu.randn(rng, shape, dtype), cu.randn(rng, (3, 3, 4, 4), dtype)
+  bad = {(0, 0, 10, 1): np.inf, (1, 22, 69, 3): -np.inf, (0, 12, 33, 2): np.nan, (1, 5, 0, 0): np.inf}
+  for pos, v in bad.items():
+    x[pos] = v
+  xg, wg, ctg = cu.to_gpu(x), cu.to_gpu(w), cu.to_gpu(ct)
+  dw = np.asarray(jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct)[1])(xg, wg, ctg)).astype(np.float64)
+  kw = cu.channels_last_lax_kw(2, (1, 1), "SAME", (1, 1))
+  x64, ct64 = cu.f64(x), cu.f64(ct)
+  ref = cu.ref_conv_vjp(np.where(np.isfinite(x64), x64, 0.0), w, ct64, **kw)[1]
+  for (n, i, j, ci), v in bad.items():
+    for f1 in range(3):
+      for f2 in range(3):
+        o1, o2 = i + 1 - f1, j + 1 - f2  # the output pixel whose window puts (i, j) under tap (f1, f2)
+        if 0 <= o1 < shape[1] and 0 <= o2 < shape[2]:
+          ref[f1, f2, ci, :] += v * ct64[n, o1, o2, :]
+  for what, test in (("nan", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+    np.testing.assert_array_equal(test(dw), test(ref), f"{what} entries {dtype}")
+  fin = np.isfinite(ref)
+  assert np.sum(~fin) >= 4 * 9 and np.sum(fin) >= 4 * 9  # the case has both kinds
+  cu.assert_close(dw[fin], ref[fin], cu.tolerance(dtype), f"finite entries {dtype}")
 
 
 # Three 4 -> 4 layers back to back and their gradients in one jit (each pixel kernel reads what the previous one
@@ -343,6 +375,35 @@ def test_small_4to4_more_than_2_31_elements():
   shape = (5, 16383, 8192, 4)
   assert np.prod(shape, dtype=np.int64) > 2 ** 31
   _check_sliced(shape)
+
+
+def test_small_4to4_wgrad_more_than_2_31_elements():
+  """bf16 4->4 3x3 filter gradient over 5 x 16383 x 8192 x 4: dy is nonzero at a few pixels only, placed past 2**31
+  elements and at image edges, so the float64 reference is the sum of their few products with x."""
+  shape = (5, 16383, 8192, 4)
+  assert np.prod(shape, dtype=np.int64) > 2 ** 31
+  kx, kd = jax.random.split(jax.random.key(2))
+  x = jax.random.normal(kx, shape, jnp.bfloat16)
+  pix = [(4, 16382, 8191), (4, 9000, 0), (3, 0, 4000), (2, 5000, 5000), (0, 0, 0)]
+  vals = jax.random.normal(kd, (len(pix), 4), jnp.bfloat16)
+  idx = tuple(np.array(a) for a in zip(*pix))
+  conv = functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small")
+
+  @jax.jit
+  def dw_of(x, vals):
+    ct = jnp.zeros(shape, jnp.bfloat16).at[idx].set(vals)
+    return jax.vjp(lambda w: conv(x, w), jnp.zeros((3, 3, 4, 4), jnp.bfloat16))[1](ct)[0]
+
+  dw = cu.f64(np.asarray(dw_of(x, vals)))
+  v64 = cu.f64(np.asarray(vals))
+  ref = np.zeros((3, 3, 4, 4))
+  for (n, o1, o2), v in zip(pix, v64):
+    for f1 in range(3):
+      for f2 in range(3):
+        i, j = o1 - 1 + f1, o2 - 1 + f2
+        if 0 <= i < shape[1] and 0 <= j < shape[2]:
+          ref[f1, f2] += np.outer(cu.f64(np.asarray(x[n, i, j])), v)
+  cu.assert_close(dw, ref, 1e-2, "wgrad past 2**31 elements")
 
 
 def _check_sliced(shape):
