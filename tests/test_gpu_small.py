@@ -106,8 +106,9 @@ CASES = {
     "3d_4to4": ((1, 4, 17, 33, 4), (2, 3, 3), ((0, 1), (1, 1), (1, 1)), (1, 2, 1), (1, 1, 1), 4),
     # 4 -> 4 pixel kernels (fwd / dgrad at delta 1: the unrolled 3x3 at unit column stride and dilation, with and
     # without column checks per segment, or any window at 1 or 2 pixels per thread; 8-row blocks; wgrad: 3-tap
-    # slices, 256-column tiles, row chunks of each image): odd sizes, asymmetric and negative pads, stride 2 (its
-    # dgrad takes the gather kernel), a 5x5 window (a partial 3-tap slice), 7x1 (one tap per slice)
+    # slices, 256-column tiles, row chunks of each image, or for 16-bit data with at most 4 x 4 taps at unit row
+    # stride the tensor-core kernel): odd sizes, asymmetric and negative pads, stride 2 (its dgrad takes the gather
+    # kernel), a 5x5 window (a partial 3-tap slice), 7x1 (one tap per slice)
     "px_4to4_prime_asym_b2": ((2, 61, 97, 4), (3, 3), ((2, 0), (1, 3)), (1, 1), (1, 1), 4),
     "px_4to4_3x3_wide_inner": ((1, 45, 333, 4), (3, 3), ((1, 1), (0, 2)), (1, 1), (1, 1), 4),
     "px_4to4_p2_tail": ((1, 517, 520, 4), (3, 3), "SAME", (1, 2), (1, 1), 4),
@@ -166,9 +167,11 @@ def test_small_dtypes(name, dtype, rng):
   _run_case(name, dtype, rng)
 
 
-# 16-bit 4 -> 4 3x3 at unit column stride and dilation (fwd, and dgrad at stride 1): the tensor-core pixel kernel.
-# Segments inside the row and past its end, rows outside the image, H stride / dilation, 3-D windows, batches,
-# negative W padding, rows narrower than a warp's 64 columns.
+# 16-bit 4 -> 4 3x3 at unit column stride and dilation (fwd, and dgrad at stride 1): the tensor-core pixel kernel;
+# 16-bit filter gradients of up to 4 x 4 taps at unit row stride: the tensor-core filter gradient (column strips
+# inside the row and past its edges, W stride and dilation, 3-D windows, a 4x2 window); the 5x5 takes the FMA
+# kernels. Segments inside the row and past its end, rows outside the image, H stride / dilation, 3-D windows,
+# batches, negative W padding, rows narrower than a warp's 64 columns.
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", ["px_4to4_3x3_wide_inner", "px_4to4_chunks_cross_images", "px_4to4_hstride2_hdil2",
                                   "3d_4to4", "px_4to4_wneg_pad", "4to4_tile_plus1", "px_4to4_4x2_ws2_wdil3",

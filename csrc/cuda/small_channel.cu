@@ -26,7 +26,8 @@
 // tree order. No atomics: bitwise deterministic. chunks * slices ~ 4 x SMs blocks. Unit stride, at most 2
 // spatial dims, C and K of 1 or multiples of 4, non-f64 take the tiled wgrad instead (spatial tiles staged in
 // shared memory, no per-tap index arithmetic; see "tiled filter gradient"); 4 -> 4 without lhs dilation takes the
-// pixel filter gradient before both (16-bit data with at most 4 x 4 taps per window plane: on tensor cores).
+// pixel filter gradient before both (16-bit data with at most 4 x 4 taps per window plane at unit row stride: on
+// tensor cores).
 #include <algorithm>
 
 #include "cuda/common.cuh"
@@ -1995,7 +1996,8 @@ bool PixelWgradPlan(const ConvParams& p, DT in, PxWgArgs* out) {
   g.planes = static_cast<int>(planes);
   g.mma = (in == DT::kBF16 || in == DT::kF16) && p.win[1] <= 4 && p.win[2] <= 4 && p.stride[1] == 1;
   // 16-bit data: the tensor-core kernel, with at most one block of 16 warps per SM (a second wave of a few blocks
-  // doubled its time on 1024², run 258), and so at most 132 partial vectors for the warp-per-element reduction.
+  // doubled its time on 1024², run 258), which also keeps the partial vectors few (the reduction's warp per element
+  // takes up to 128).
   if (g.mma) {
     g.nslices = static_cast<int>(p.win[0]);
     g.ctiles = static_cast<int>(CeilDiv(p.out[2], kWgMmaStrips * 16));
