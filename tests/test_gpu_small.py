@@ -373,29 +373,32 @@ def test_small_more_than_2_31_elements(width):
   _check_sliced(shape)
 
 
-def test_small_4to4_more_than_2_31_elements():
-  """bf16 4->4 3x3 (the pixel kernel) over 5 images of 16383 x 8192 x 4 (> 2**31 elements, each image < 2**30)."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # float32: the FMA kernel, byte offsets past 2**35
+def test_small_4to4_more_than_2_31_elements(dtype):
+  """4->4 3x3 (the pixel kernel) over 5 images of 16383 x 8192 x 4 (> 2**31 elements, each image < 2**30)."""
   shape = (5, 16383, 8192, 4)
   assert np.prod(shape, dtype=np.int64) > 2 ** 31
-  _check_sliced(shape)
+  _check_sliced(shape, jnp.dtype(dtype))
 
 
-def test_small_4to4_wgrad_more_than_2_31_elements():
-  """bf16 4->4 3x3 filter gradient over 5 x 16383 x 8192 x 4: dy is nonzero at a few pixels only, placed past 2**31
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_small_4to4_wgrad_more_than_2_31_elements(dtype):
+  """4->4 3x3 filter gradient over 5 x 16383 x 8192 x 4: dy is nonzero at a few pixels only, placed past 2**31
   elements and at image edges, so the float64 reference is the sum of their few products with x."""
   shape = (5, 16383, 8192, 4)
   assert np.prod(shape, dtype=np.int64) > 2 ** 31
+  dt = jnp.dtype(dtype)
   kx, kd = jax.random.split(jax.random.key(2))
-  x = jax.random.normal(kx, shape, jnp.bfloat16)
+  x = jax.random.normal(kx, shape, dt)
   pix = [(4, 16382, 8191), (4, 9000, 0), (3, 0, 4000), (2, 5000, 5000), (0, 0, 0)]
-  vals = jax.random.normal(kd, (len(pix), 4), jnp.bfloat16)
+  vals = jax.random.normal(kd, (len(pix), 4), dt)
   idx = tuple(np.array(a) for a in zip(*pix))
   conv = functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small")
 
   @jax.jit
   def dw_of(x, vals):
-    ct = jnp.zeros(shape, jnp.bfloat16).at[idx].set(vals)
-    return jax.vjp(lambda w: conv(x, w), jnp.zeros((3, 3, 4, 4), jnp.bfloat16))[1](ct)[0]
+    ct = jnp.zeros(shape, dt).at[idx].set(vals)
+    return jax.vjp(lambda w: conv(x, w), jnp.zeros((3, 3, 4, 4), dt))[1](ct)[0]
 
   dw = cu.f64(np.asarray(dw_of(x, vals)))
   v64 = cu.f64(np.asarray(vals))
@@ -406,14 +409,14 @@ def test_small_4to4_wgrad_more_than_2_31_elements():
         i, j = o1 - 1 + f1, o2 - 1 + f2
         if 0 <= i < shape[1] and 0 <= j < shape[2]:
           ref[f1, f2] += np.outer(cu.f64(np.asarray(x[n, i, j])), v)
-  cu.assert_close(dw, ref, 1e-2, "wgrad past 2**31 elements")
+  cu.assert_close(dw, ref, cu.tolerance(dtype), "wgrad past 2**31 elements")
 
 
-def _check_sliced(shape):
+def _check_sliced(shape, dtype=jnp.bfloat16):
   c = shape[-1]
   kx, kw_ = jax.random.split(jax.random.key(1))
-  x = jax.random.normal(kx, shape, jnp.bfloat16)
-  w = jax.random.normal(kw_, (3, 3, c, c), jnp.bfloat16)
+  x = jax.random.normal(kx, shape, dtype)
+  w = jax.random.normal(kw_, (3, 3, c, c), dtype)
   y = jax.jit(functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small"))(x, w)
   H, W = shape[1], shape[2]
   w_np = np.asarray(w)
@@ -427,4 +430,5 @@ def _check_sliced(shape):
         x[n, lo_i:hi_i, lo_j:hi_j, :])
     want = cu.ref_conv(xs, w_np, **kw)
     got = np.asarray(y[n:n + 1, i0:i0 + 4, j0:j0 + 4, :])
-    cu.assert_close(got, want[:, :got.shape[1], :got.shape[2]], 1e-2, f"slice n={n} i={i0} j={j0}")
+    cu.assert_close(got, want[:, :got.shape[1], :got.shape[2]], cu.tolerance(jnp.dtype(dtype)),
+                    f"slice n={n} i={i0} j={j0}")
