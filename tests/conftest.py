@@ -6,6 +6,7 @@
   element a kernel forgets to write fails the comparison.
 - `gpu` marker: skipped cleanly unless jaxconv.cuda_available().
 - JAXCONV_FUZZ_CASES: random configurations per dtype in the fuzz tests (default 60; GPU CI sets hundreds).
+- pytest-xdist workers (`-n auto`, the README's command) leave XLA_PYTHON_CLIENT_PREALLOCATE false unless set.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ import conv_utils  # noqa: E402
 
 
 def pytest_configure(config):
+  if hasattr(config, "workerinput"):
+    # A pytest-xdist worker: several share one GPU, so none may take XLA's default 75 % of its memory up front
+    # (read when the backend starts, after this).
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped cleanly without one)")
   config.addinivalue_line("markers", "slow: long-running")
 
