@@ -4,7 +4,7 @@ jax fixes its device count when it first initialises (the rest of the suite runs
 checks run in fresh interpreters: this file, run as a script, executes the checks with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 and prints one JSON line per check; the pytest side runs
 it once per partitioner (Shardy, jax's default: every check; GSPMD: the core checks), both workers at once,
-and turns each line into a test.
+once per test session, and turns each line into a test.
 
 Every check compares against the same computation on one device (jaxconv, unsharded). HLO checks count
 collectives in the compiled (partitioned) module: `all-gather` of activations must be absent on the
@@ -13,6 +13,7 @@ batch-sharded paths and the filter gradient's all-reduce must appear exactly onc
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -259,21 +260,49 @@ CORE = ["fwd_batch_sharded", "train_step_batch_sharded", "model_parallel_K", "sh
 SHARDY_ONLY = ["grads_batch_sharded_layouts", "data_x_model_2d_mesh", "fallbacks_replicate_correctly",
                "hvp_and_per_example_grads"]
 CASES = [("shardy", c) for c in CORE + SHARDY_ONLY] + [("gspmd", c) for c in CORE]
-_procs: dict = {}
 _results: dict = {}
 
 
-def _start_workers():
-  """Both workers at once (they are independent; the pytest side only reads their output)."""
-  if _procs:
-    return
+def _run_workers() -> dict:
+  """Both workers at once (they are independent): partitioner -> its checks' results, return code and output."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={NDEV}").strip()
   env["JAX_PLATFORMS"] = "cpu"
   env["JAXCONV_SHARD_NDEV"] = str(NDEV)
-  for partitioner in ("shardy", "gspmd"):
-    _procs[partitioner] = subprocess.Popen([sys.executable, __file__, "--worker", partitioner], env=env,
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  procs = {p: subprocess.Popen([sys.executable, __file__, "--worker", p], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for p in ("shardy", "gspmd")}
+  runs = {}
+  for partitioner, proc in procs.items():
+    try:
+      stdout, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      stdout, stderr = proc.communicate()
+    out = {}
+    for line in stdout.splitlines():
+      if line.startswith("JAXCONV_SHARDING "):
+        r = json.loads(line[len("JAXCONV_SHARDING "):])
+        out[r["name"]] = r
+    runs[partitioner] = {"results": out, "rc": proc.returncode, "stdout": stdout[-3000:], "stderr": stderr[-5000:]}
+  return runs
+
+
+def _run(partitioner: str, tmp_path_factory) -> dict:
+  """The workers' output, computed once per test session. Under pytest-xdist the test processes share the
+  session's temporary directory: the first to get here runs the workers while holding a lock and writes their
+  output there, the others wait on the lock and read it (a run per test process had doubled the workers' CPU time
+  in a two-process CI run)."""
+  if not _results:
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+      shared = shared.parent
+    path = shared / "sharding_workers.json"
+    with open(shared / "sharding_workers.lock", "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      if not path.exists():
+        path.write_text(json.dumps(_run_workers()))
+      _results.update(json.loads(path.read_text()))
+  return _results[partitioner]
 
 
 def _gpu_count():
@@ -302,31 +331,13 @@ def test_sharded_on_all_gpus():
   assert not bad, bad
 
 
-def _run(partitioner):
-  if partitioner not in _results:
-    _start_workers()
-    proc = _procs[partitioner]
-    try:
-      stdout, stderr = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      stdout, stderr = proc.communicate()
-    out = {}
-    for line in stdout.splitlines():
-      if line.startswith("JAXCONV_SHARDING "):
-        r = json.loads(line[len("JAXCONV_SHARDING "):])
-        out[r["name"]] = r
-    _results[partitioner] = (out, proc.returncode, stdout, stderr)
-  return _results[partitioner]
-
-
 @pytest.mark.parametrize("partitioner,check", CASES)
-def test_sharded(partitioner, check):
-  results, rc, stdout, stderr = _run(partitioner)
-  if check not in results:
-    pytest.fail(f"the {partitioner} worker did not report {check!r} (rc={rc}):\n{stdout[-3000:]}\n"
-                f"{stderr[-5000:]}")
-  r = results[check]
+def test_sharded(partitioner, check, tmp_path_factory):
+  run = _run(partitioner, tmp_path_factory)
+  if check not in run["results"]:
+    pytest.fail(f"the {partitioner} worker did not report {check!r} (rc={run['rc']}):\n{run['stdout']}\n"
+                f"{run['stderr']}")
+  r = run["results"][check]
   assert r["ok"], r["info"]
 
 

@@ -57,8 +57,8 @@
 #endif
 
 // One operand type's kernels per part: CMake compiles this file once for each JAXCONV_GEMM1X1_PART (1 bf16, 2 f16,
-// 3 float as TF32 and the entry points; 4 nothing: igemm_sm90.cu's fourth part), so the three sets of CUTLASS
-// instantiations build in parallel; 0 (no define): all of them in one translation unit.
+// 3 float as TF32 and the entry points), so the three sets of CUTLASS instantiations build in parallel; 0 (no
+// define): all of them in one translation unit.
 // Helpers that some parts do not call are [[maybe_unused]].
 #ifndef JAXCONV_GEMM1X1_PART
 #define JAXCONV_GEMM1X1_PART 0
