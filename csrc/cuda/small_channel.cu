@@ -1955,16 +1955,15 @@ __global__ void __launch_bounds__(kWgMmaWarps * 32, 1) ScPixelWgradMmaKernel(con
 #pragma unroll
       for (int e = 0; e < 4; ++e) red[warp][4 * m + e][lane] = acc[m][e];
     __syncthreads();
-    if (threadIdx.x < 8 * 32) {
-      const int l = threadIdx.x & 31, k = threadIdx.x >> 5, m = k >> 2, h = (k >> 1) & 1, e = k & 1;
-      const int lq = l >> 3, lp = (l >> 2) & 1, lc = l & 3;
-      if (lq < g.taps[2] && lc < g.taps[1]) {
-        float s = 0.f;
+    // Warp i < 8 adds entry i (MMA m = i / 4, accumulator d[2h + e]) over the warps in order; its lanes' (q, p, c)
+    // are the writers'.
+    if (warp < 8 && entries) {
+      const int m = warp >> 2, h = (warp >> 1) & 1, e = warp & 1;
+      float s = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWgMmaWarps; ++w) s += red[w][k][l];
-        const int64_t f = (static_cast<int64_t>(f0) * g.taps[1] + lc) * g.taps[2] + lq;
-        scratch[tile * g.welems + f * 16 + (2 * lp + h) * 4 + 2 * e + m] = s;
-      }
+      for (int w = 0; w < kWgMmaWarps; ++w) s += red[w][warp][lane];
+      const int64_t f = (static_cast<int64_t>(f0) * g.taps[1] + c) * g.taps[2] + q;
+      scratch[tile * g.welems + f * 16 + (2 * p + h) * 4 + 2 * e + m] = s;
     }
   }
 }
