@@ -26,6 +26,8 @@ import pytest
 
 # 8 CPU host devices in CI; the multi-GPU run sets JAXCONV_SHARD_NDEV to its GPU count.
 NDEV = int(os.environ.get("JAXCONV_SHARD_NDEV", "8"))
+# Prefix of the worker's result lines (one JSON object per check) on its stdout.
+REPORT = "JAXCONV_SHARDING "
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -250,7 +252,7 @@ def _worker(partitioner: str) -> None:
       return "ok"
 
   for r in results:
-    print("JAXCONV_SHARDING " + json.dumps(r), flush=True)
+    print(REPORT + json.dumps(r), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -261,6 +263,11 @@ SHARDY_ONLY = ["grads_batch_sharded_layouts", "data_x_model_2d_mesh", "fallbacks
                "hvp_and_per_example_grads"]
 CASES = [("shardy", c) for c in CORE + SHARDY_ONLY] + [("gspmd", c) for c in CORE]
 _results: dict = {}
+
+
+def _reported(stdout: str) -> dict:
+  """A worker's check results by name, from its REPORT lines."""
+  return {r["name"]: r for r in (json.loads(l[len(REPORT):]) for l in stdout.splitlines() if l.startswith(REPORT))}
 
 
 def _run_workers() -> dict:
@@ -278,12 +285,8 @@ def _run_workers() -> dict:
     except subprocess.TimeoutExpired:
       proc.kill()
       stdout, stderr = proc.communicate()
-    out = {}
-    for line in stdout.splitlines():
-      if line.startswith("JAXCONV_SHARDING "):
-        r = json.loads(line[len("JAXCONV_SHARDING "):])
-        out[r["name"]] = r
-    runs[partitioner] = {"results": out, "rc": proc.returncode, "stdout": stdout[-3000:], "stderr": stderr[-5000:]}
+    runs[partitioner] = {"results": _reported(stdout), "rc": proc.returncode, "stdout": stdout[-3000:],
+                         "stderr": stderr[-5000:]}
   return runs
 
 
@@ -324,10 +327,9 @@ def test_sharded_on_all_gpus():
   env = dict(os.environ, JAXCONV_SHARD_NDEV=str(n))
   proc = subprocess.run([sys.executable, __file__, "--worker", "shardy"], env=env, capture_output=True,
                         text=True, timeout=900)
-  results = [json.loads(l[len("JAXCONV_SHARDING "):]) for l in proc.stdout.splitlines()
-             if l.startswith("JAXCONV_SHARDING ")]
-  assert {r["name"] for r in results} == set(CORE + SHARDY_ONLY), (proc.returncode, proc.stderr[-3000:])
-  bad = [r for r in results if not r["ok"]]
+  results = _reported(proc.stdout)
+  assert set(results) == set(CORE + SHARDY_ONLY), (proc.returncode, proc.stderr[-3000:])
+  bad = [r for r in results.values() if not r["ok"]]
   assert not bad, bad
 
 
