@@ -43,6 +43,10 @@ CASES = [
     ("depthwise reg s2 up", 2, (2, 15, 13, 24), (3, 3), 24, 24, (2, 2), (1, 1), ((1, 0), (1, 1)), "depthwise"),
     ("depthwise reg 5x5 s2 up", 2, (1, 14, 17, 12), (5, 5), 12, 12, (2, 2), (1, 1), ((2, 2), (1, 2)), "depthwise"),
     ("depthwise reg 7x7 c264", 2, (1, 9, 10, 264), (7, 7), 264, 264, (1, 1), (1, 1), "SAME", "depthwise"),
+    # tensor-core 7x7 kernel (16-bit only): a half channel tile, asymmetric and negative pads, odd sizes, a partial
+    # image tile
+    ("depthwise mma 7x7 c24", 2, (3, 19, 37, 24), (7, 7), 24, 24, (1, 1), (1, 1), ((3, 2), (4, 3)), "depthwise"),
+    ("depthwise mma 7x7 c8", 2, (2, 30, 61, 8), (7, 7), 8, 8, (1, 1), (1, 1), ((-1, 2), (5, 0)), "depthwise"),
     ("depthwise reg 1d k3", 1, (2, 45, 12), (3,), 12, 12, (1,), (1,), ((1, 1),), "depthwise"),
     ("long 1d", 1, (2, 3001, 1), (257,), 1, 1, (1,), (1,), "SAME", "long1d"),
     ("long 1d two chunks", 1, (1, 20011, 2), (1500,), 1, 1, (1,), (1,), "SAME", "long1d"),

@@ -77,13 +77,15 @@ def _slice_ref(x_slice, w, **kw):
   return cu.ref_conv(x_slice, w, **kw)
 
 
-@pytest.mark.parametrize("kind", ["depthwise3x3", "pointwise"])
+@pytest.mark.parametrize("kind", ["depthwise3x3", "depthwise7x7", "pointwise"])
 def test_more_than_2_31_elements(kind):
   """bf16 tensors with > 2**31 elements: 64-bit indexing in fwd (and dgrad for the 1x1 case); a few
   slices, including the far end of the tensor, against a float64 reference on those slices."""
   key = jax.random.key(0)
   if kind == "depthwise3x3":
     shape, w_shape, g = (2, 1031, 1031, 1024), (3, 3, 1, 1024), 1024
+  elif kind == "depthwise7x7":  # the tensor-core K x K kernel
+    shape, w_shape, g = (2, 1031, 1031, 1024), (7, 7, 1, 1024), 1024
   else:
     shape, w_shape, g = (1, 16411, 16411, 8), (1, 1, 8, 8), 1
   assert np.prod(shape, dtype=np.int64) > 2 ** 31

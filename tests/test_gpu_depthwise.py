@@ -79,11 +79,19 @@ CASES = {
     "3x3_tma_pack_c36_b5": ((5, 13, 19, 36), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     # 3-D: the D window loop and D-strided tiles
     "3d_3x3x3": ((1, 5, 9, 11, 16), (3, 3, 3), (2, 1, 1), ((1, 1), (1, 1), (1, 1)), (1, 1, 1)),
+    # the tensor-core 7x7 kernel (depthwise_mma.cu; 16-bit data at unit stride): C = 24 (a 16-channel tile and a
+    # half one) over 3 images with partial row, column and image tiles; asymmetric pads (the data gradient's are
+    # 1 / 5 and 6 / 0); C = 8 alone with a negative pad; a wide image five rows high; D folded into the batch
+    "7x7_mma_c24_b3": ((3, 19, 37, 24), (7, 7), (1, 1), ((3, 3), (3, 3)), (1, 1)),
+    "7x7_mma_pads": ((2, 23, 29, 32), (7, 7), (1, 1), ((5, 1), (0, 6)), (1, 1)),
+    "7x7_mma_c8_negpad": ((2, 30, 61, 8), (7, 7), (1, 1), ((-1, 2), (5, 0)), (1, 1)),
+    "7x7_mma_wide": ((1, 5, 251, 16), (7, 7), (1, 1), ((3, 3), (3, 3)), (1, 1)),
+    "3d_1x7x7_mma": ((2, 3, 11, 13, 16), (1, 7, 7), (1, 1, 1), ((0, 0), (3, 3), (3, 3)), (1, 1, 1)),
 }
 
 ALL_DTYPES = ("float32", "bfloat16", "float16", "float64")
 FULL = ("3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c8", "7x7_c144", "3x3_c6", "3x3_c144_mobilenet",
-        "5x5_s2_c12", "3x3_s2_up_pads", "3x3_tma_tiles")
+        "5x5_s2_c12", "3x3_s2_up_pads", "3x3_tma_tiles", "7x7_mma_c24_b3", "7x7_mma_pads", "7x7_mma_c8_negpad")
 
 
 def _params():
@@ -131,7 +139,7 @@ def test_depthwise_fwd_dgrad_wgrad(name, dtype, rng):
 
 
 EPILOGUE = ["3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c256", "7x7_c144", "31x31_28", "3x3_c264", "3x3_tma_tiles",
-            "3x3_tma_s2"]
+            "3x3_tma_s2", "7x7_mma_c24_b3", "7x7_mma_pads"]
 ACTS = [None, "relu", "gelu", "silu"]
 OUT_DTYPES = [("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", "float32")]
 
@@ -284,3 +292,60 @@ def test_depthwise_3x3_many_tiles_per_block(dtype, stride, c, rng):
     dx = jax.jit(lambda x, w, ct: jax.vjp(lambda x: conv(x, w), x)[1](ct)[0])(cu.to_gpu(x), cu.to_gpu(w),
                                                                            cu.to_gpu(ct))
     cu.assert_close(np.asarray(dx), rdx, cu.tolerance(dtype), "dgrad")
+
+
+def _assert_same_nonfinite(got, ref, tol, what):
+  """got matches ref: NaN where ref is NaN, the same infinities, and close finite values; ref has some of each."""
+  got = got.astype(np.float64)
+  assert got.shape == ref.shape, what
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), err_msg=f"{what}: NaN positions")
+  np.testing.assert_array_equal(np.where(np.isinf(got), got, 0), np.where(np.isinf(ref), ref, 0),
+                                err_msg=f"{what}: infinities")
+  assert np.isnan(ref).any() and np.isinf(ref).any(), what
+  fin = np.isfinite(ref)
+  cu.assert_close(np.where(fin, got, 0.0), np.where(fin, ref, 0.0), tol, f"{what}: finite outputs")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("pads", [((3, 3), (4, 2)), ((6, 0), (0, 6))])
+def test_depthwise_mma_nonfinite_reach_only_their_windows(dtype, pads, rng):
+  """The tensor-core 7x7 kernel multiplies all 16 source columns of a block by a Toeplitz filter that is zero
+  outside the window, so an inf or NaN would poison its neighbours' outputs (0 * inf): they must still reach only
+  the outputs whose windows hold them, in the forward and in the data gradient (the flipped forward)."""
+  k = 7
+  c = 24
+  shape = (2, 29, 43, c)
+  x = cu.randn(rng, shape, dtype)
+  x[0, 7, 10, 3] = np.inf
+  x[1, 20, 30, 17] = -np.inf
+  x[1, 3, 41, 9] = np.nan
+  x[0, 28, 0, 20] = np.inf  # a corner: the windows of the last rows and first columns
+  w = cu.randn(rng, (k, k, 1, c), dtype)
+  conv = functools.partial(jaxconv.conv2d, stride=1, padding=list(pads), groups=c, algorithm="depthwise",
+                           precision="highest")
+  y = np.asarray(jax.jit(conv)(cu.to_gpu(x), cu.to_gpu(w)))
+  dx = jax.jit(lambda x, w, ct: jax.vjp(lambda x: conv(x, w), x)[1](ct)[0])(cu.to_gpu(x), cu.to_gpu(w),
+                                                                         cu.to_gpu(x))
+  with np.errstate(invalid="ignore"):  # the reference's filter gradient multiplies the infs by infs and zeros
+    ry, rdx, _ = _shifted_ref(x, w, x, pads)
+  _assert_same_nonfinite(y, ry, cu.tolerance(dtype), f"fwd pads {pads}")
+  _assert_same_nonfinite(np.asarray(dx), rdx, cu.tolerance(dtype), f"dgrad pads {pads}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_depthwise_mma_convnext_layer(dtype, rng):
+  """ConvNeXt's 7x7 layer shape (56^2 x 96, 6 channel tiles, 2 x 2 spatial tiles per image with a partial last
+  column tile) on 8 images, with bias and GELU, and its data gradient."""
+  x_shape, pads, c = (8, 56, 56, 96), ((3, 3), (3, 3)), 96
+  conv = functools.partial(jaxconv.conv2d, stride=1, padding=list(pads), groups=c, algorithm="depthwise",
+                           precision="highest")
+  x = cu.randn(rng, x_shape, dtype)
+  w = cu.randn(rng, (7, 7, 1, c), dtype)
+  b = cu.randn(rng, (c,), dtype)
+  ct = cu.randn(rng, x_shape, dtype)
+  y = np.asarray(jax.jit(functools.partial(conv, activation="gelu"))(cu.to_gpu(x), cu.to_gpu(w), cu.to_gpu(b)))
+  dx = jax.jit(lambda x, w, ct: jax.vjp(lambda x: conv(x, w), x)[1](ct)[0])(cu.to_gpu(x), cu.to_gpu(w),
+                                                                         cu.to_gpu(ct))
+  ry, rdx, _ = _shifted_ref(x, w, ct, pads)
+  cu.assert_close(y, cu.activation_ref(ry + cu.f64(b), "gelu"), cu.tolerance(dtype), "fwd + bias + gelu")
+  cu.assert_close(np.asarray(dx), rdx, cu.tolerance(dtype), "dgrad")

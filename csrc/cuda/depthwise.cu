@@ -1040,6 +1040,9 @@ cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, cons
   if (const cudaError_t e = DepthwiseTmaFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
     return e;
   }
+  if (const cudaError_t e = DepthwiseMmaFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
   if (const cudaError_t e = DepthwiseRegFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
     return e;
   }
@@ -1074,6 +1077,9 @@ cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, c
                            cudaStream_t s) {
   bool launched = false;
   if (const cudaError_t e = DepthwiseTmaDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
+    return e;
+  }
+  if (const cudaError_t e = DepthwiseMmaDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
     return e;
   }
   if (const cudaError_t e = DepthwiseRegDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {

@@ -77,6 +77,14 @@ cudaError_t DepthwiseTmaFwd(const ConvParams& p, DT in, DT out, const void* x, c
 cudaError_t DepthwiseTmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched);
 
+// depthwise_mma.cu: the tensor-core 7x7 forward and unit-stride data gradient (channels-last 2-D, unit strides,
+// 16-bit data, c a multiple of 8, sm_80+); DepthwiseFwd / DepthwiseDgrad try it after the TMA kernel.
+// *launched false: not taken.
+cudaError_t DepthwiseMmaFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+                            void* y, cudaStream_t s, bool* launched);
+cudaError_t DepthwiseMmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+                              cudaStream_t s, bool* launched);
+
 // ---- conv1d_long.cu: one spatial dim, stride/dilations 1, few channels, long window ----
 cudaError_t Long1DFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
                       cudaStream_t s);

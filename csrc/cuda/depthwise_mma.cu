@@ -1,0 +1,433 @@
+// Depthwise 7x7 forward (and its unit-stride data gradient) on tensor cores: channels-last 2-D (a 3-D problem whose D
+// window is 1 folds D into the batch), bfloat16 / float16 in, float32 accumulation, stride 1, no dilation, c a
+// multiple of 8. DepthwiseFwd / DepthwiseDgrad try it after the Hopper 3x3 kernel and before the register stencil
+// (depthwise_reg.cu).
+//
+// Why: the register stencil spends an FFMA per output and tap; on ConvNeXt's 7x7 layer (56^2 x 96, b32, H200, run
+// 251) it took 48.7 us, 3.0x its FP32-FMA floor. A window row is a Toeplitz matrix product,
+//   out[x0 + n] = sum_k src[x0 + k] T[k][n],  T[k][n] = w[k - n] (zero unless 0 <= k - n < K),
+// so one mma.sync m16n8k16 gives 16 "slots" x 8 destination columns from 16 source columns and one window row;
+// K / 16 of its products count. Slot (image m, row group i, column block j) of a tile is the destination rows K i + e
+// (e < K) and columns 8 j + n of image m. With the row groups K apart, one A tile (source rows K i + s of 16 slots)
+// serves every (e, dy) with e + dy = s: 2K - 1 ldmatrix.x4 and K^2 MMAs per channel and M tile of 16 slots.
+// Data: a block owns 16 channels (one 32-byte sector per pixel) of one tile. Its source goes from channels-last
+// global memory into one shared-memory plane per channel (pixel pairs transposed in registers); the destinations come
+// back through planes as channels-last 16-byte vectors.
+// Non-finite data: a zero of T times an inf or NaN in a neighbouring column is NaN where the window's sum need not
+// be, so a warp with a non-finite output recomputes its outputs with FMAs over the real taps.
+// H200, busy us, bf16 fwd, this kernel / the register stencil (run 275; float16 and the data gradients alike):
+// ConvNeXt-T's 7x7 layers at b32, 56^2 x 96 38.0 / 51.3 (lax 75.9), 28^2 x 192 19.4 / 36.2, 14^2 x 384 13.0 / 25.2,
+// 7^2 x 768 10.1 / 13.4; b1 56^2 x 96 7.3 / 10.8. The kernel is written for any K <= 9, but 5x5 lost to the register
+// stencil (28^2 x 240 26.0 / 21.8, 14^2 x 672 21.9 / 20.6, 56^2 x 96 38.4 / 32.7: a third of the MMA products count,
+// and the staging costs what it costs at 7x7), so only K = 7 is built.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common.cuh"
+#include "cuda/depthwise_plane.h"
+#include "cuda/kernels.h"
+#include "cuda/mma.cuh"
+
+namespace jaxconv {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCt = 16;         // channels per block
+constexpr int kSlots = 16;      // the MMA's M: slots per M tile
+constexpr int kFiltRow = 64;    // 16-bit elements per (channel, window row): two copies of 32 (FilterRows)
+constexpr size_t kMaxSmem = 100 * 1024;  // at least two blocks per SM
+
+struct DwMmaArgs {
+  int64_t n;                   // images
+  int c, src_rows, src_cols, dst_rows, dst_cols;
+  int ph, pw;                  // pads on the source's low side
+  int nimg, ri, xj;            // a tile: nimg images x ri row groups (K rows each) x xj column blocks (8 columns)
+  int slots, mtiles;           // nimg * ri * xj slots in mtiles M tiles of 16 (the last padded with dummies)
+  int ty, tx;                  // destination rows / columns per image of a tile: K ri, 8 xj
+  int sr, sc, pitch;           // source rows / columns per image (ty + K - 1, tx + 8); a plane row's pitch (elements)
+  int plane;                   // elements per source plane: nimg * sr * pitch
+  int out_plane;               // TO elements between two channels' destination planes (nimg * ty rows of tx)
+  int out_offset, filt_offset, table_offset;  // bytes into shared memory (the destination planes alias the
+                                              // source's where they fit)
+  int row_tiles, col_tiles, ctiles;
+  int flip, act, has_bias;
+};
+
+template <class T>
+__device__ __forceinline__ float BitsToFloat(unsigned short u) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(static_cast<unsigned>(u) << 16);
+  else return __half2float(__ushort_as_half(u));
+}
+
+// The filter rows of the block's channels in shared memory, flipped for the data gradient: row (channel, dy) holds
+// w[dy][k - 8] at element k of its first copy and w[dy][k - 7] at element k of its second, zero elsewhere. A lane's
+// B fragment wants the pairs (w[a], w[a + 1]) and (w[a + 8], w[a + 9]) with a = 2 (lane % 4) - lane / 4: in the first
+// copy they start at an even element when lane / 4 is even, in the second when it is odd, so both are aligned
+// 32-bit words (FragmentWord).
+template <class T, int K>
+__device__ __forceinline__ void FilterRows(const DwMmaArgs& g, const T* __restrict__ w, int c0, uint4* filt) {
+  for (int e = threadIdx.x; e < kCt * K; e += kThreads) {
+    const int cl = e % kCt, dy = e / kCt, ch = c0 + cl;
+    unsigned short tap[K];
+#pragma unroll
+    for (int dx = 0; dx < K; ++dx) {
+      const int t = g.flip ? K * K - 1 - (dy * K + dx) : dy * K + dx;
+      tap[dx] = ch < g.c ? __ldg(reinterpret_cast<const unsigned short*>(w) + static_cast<int64_t>(t) * g.c + ch) : 0;
+    }
+#pragma unroll
+    for (int copy = 0; copy < 2; ++copy) {
+      unsigned wd[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        unsigned v = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int dx = 2 * i + h - 8 + copy;
+          if (dx >= 0 && dx < K) v |= static_cast<unsigned>(tap[dx]) << (16 * h);
+        }
+        wd[i] = v;
+      }
+      uint4* row = filt + (cl * K + dy) * (kFiltRow / 8) + copy * 4;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) row[i] = make_uint4(wd[4 * i], wd[4 * i + 1], wd[4 * i + 2], wd[4 * i + 3]);
+    }
+  }
+}
+
+// The 32-bit word of a filter row holding this lane's b0 pair; b1's is 4 words on.
+__device__ __forceinline__ int FragmentWord(int lane) {
+  const int grp = lane / 4, a = 2 * (lane % 4) - grp, parity = grp & 1;
+  return parity * 16 + (a + 8 - parity) / 2;
+}
+
+// The block's source tile (per image n0 + m < n: sr x sc pixels from (y0 - ph, x0 - pw), channels c0..c0 + 15) into
+// its planes (image m's rows from m * sr), zero outside the source and past c. A thread takes pixel pairs: two
+// 16-byte loads per pixel, whose 16-bit channel values it pairs across the two pixels into one 32-bit store per
+// channel plane. The loads of kBatch pairs are issued before their stores, so that each thread keeps 16 in flight.
+constexpr int kBatch = 4;
+
+template <class T>
+__device__ __forceinline__ void LoadTile(const DwMmaArgs& g, const T* __restrict__ src, int64_t n0, int c0, int y0,
+                                         int x0, T* planes) {
+  const int half_cols = g.sc / 2, img_pairs = g.sr * half_cols, pairs = g.nimg * img_pairs;
+  const int sy0 = y0 - g.ph, sx0 = x0 - g.pw;
+  const bool hi_half = c0 + 8 < g.c;
+  const int plane_words = g.plane / 2;
+  for (int base = threadIdx.x; base < pairs; base += kBatch * kThreads) {
+    uint4 v[kBatch][2][2];  // [pair][pixel][channel half]
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e = base + b * kThreads;
+      const int m = e / img_pairs, rq = e - m * img_pairs, r = rq / half_cols, q = 2 * (rq - r * half_cols);
+      const int y = sy0 + r;
+      const bool row_in = e < pairs && n0 + m < g.n && static_cast<unsigned>(y) < static_cast<unsigned>(g.src_rows);
+      const T* row = src + ((n0 + m) * g.src_rows + y) * g.src_cols * g.c + c0;
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        const int x = sx0 + q + p;
+        const bool in = row_in && static_cast<unsigned>(x) < static_cast<unsigned>(g.src_cols);
+        const uint4* px = reinterpret_cast<const uint4*>(row + static_cast<int64_t>(x) * g.c);
+        v[b][p][0] = in ? __ldg(px) : make_uint4(0, 0, 0, 0);
+        v[b][p][1] = in && hi_half ? __ldg(px + 1) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e = base + b * kThreads;
+      if (e >= pairs) break;
+      const int m = e / img_pairs, rq = e - m * img_pairs, r = rq / half_cols, q = 2 * (rq - r * half_cols);
+      unsigned* dst = reinterpret_cast<unsigned*>(planes + (m * g.sr + r) * g.pitch + q);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const unsigned a[4] = {v[b][0][h].x, v[b][0][h].y, v[b][0][h].z, v[b][0][h].w};
+        const unsigned c[4] = {v[b][1][h].x, v[b][1][h].y, v[b][1][h].z, v[b][1][h].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          dst[(8 * h + 2 * k) * plane_words] = __byte_perm(a[k], c[k], 0x5410);      // channel 8h + 2k, both pixels
+          dst[(8 * h + 2 * k + 1) * plane_words] = __byte_perm(a[k], c[k], 0x7632);  // channel 8h + 2k + 1
+        }
+      }
+    }
+  }
+}
+
+// The destination planes (channel cl's at outp + cl * out_plane, image m's rows from m * ty, rows of tx) to
+// channels-last global memory: a thread takes a pixel pair and stores each pixel's 16 channels as 16-byte vectors.
+template <class TO>
+__device__ __forceinline__ void StoreTile(const DwMmaArgs& g, const TO* outp, int64_t n0, int c0, int y0, int x0,
+                                          TO* __restrict__ dst) {
+  const int half_cols = g.tx / 2, img_pairs = g.ty * half_cols, pairs = g.nimg * img_pairs;
+  for (int e = threadIdx.x; e < pairs; e += kThreads) {
+    const int m = e / img_pairs, rq = e - m * img_pairs, r = rq / half_cols, q = 2 * (rq - r * half_cols);
+    const int y = y0 + r, x = x0 + q;
+    if (n0 + m >= g.n || y >= g.dst_rows || x >= g.dst_cols) continue;
+    const bool second = x + 1 < g.dst_cols;
+    TO* px = dst + (((n0 + m) * g.dst_rows + y) * g.dst_cols + x) * g.c + c0;
+    const TO* op = outp + (m * g.ty + r) * g.tx + q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (c0 + 8 * h >= g.c) break;
+      if constexpr (sizeof(TO) == 2) {
+        unsigned wv[8];  // channel 8h + k of both pixels
+#pragma unroll
+        for (int k = 0; k < 8; ++k) wv[k] = *reinterpret_cast<const unsigned*>(op + (8 * h + k) * g.out_plane);
+        uint4 p0, p1;
+        p0.x = __byte_perm(wv[0], wv[1], 0x5410), p1.x = __byte_perm(wv[0], wv[1], 0x7632);
+        p0.y = __byte_perm(wv[2], wv[3], 0x5410), p1.y = __byte_perm(wv[2], wv[3], 0x7632);
+        p0.z = __byte_perm(wv[4], wv[5], 0x5410), p1.z = __byte_perm(wv[4], wv[5], 0x7632);
+        p0.w = __byte_perm(wv[6], wv[7], 0x5410), p1.w = __byte_perm(wv[6], wv[7], 0x7632);
+        *reinterpret_cast<uint4*>(px + 8 * h) = p0;
+        if (second) *reinterpret_cast<uint4*>(px + g.c + 8 * h) = p1;
+      } else {
+        float2 fv[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) fv[k] = *reinterpret_cast<const float2*>(op + (8 * h + k) * g.out_plane);
+        float4* d0 = reinterpret_cast<float4*>(px + 8 * h);
+        d0[0] = make_float4(fv[0].x, fv[1].x, fv[2].x, fv[3].x);
+        d0[1] = make_float4(fv[4].x, fv[5].x, fv[6].x, fv[7].x);
+        if (second) {
+          float4* d1 = reinterpret_cast<float4*>(px + g.c + 8 * h);
+          d1[0] = make_float4(fv[0].y, fv[1].y, fv[2].y, fv[3].y);
+          d1[1] = make_float4(fv[4].y, fv[5].y, fv[6].y, fv[7].y);
+        }
+      }
+    }
+  }
+}
+
+template <class T, class TO, int K>
+__global__ void __launch_bounds__(kThreads) DwMmaKernel(const DwMmaArgs g, const T* __restrict__ src,
+                                                        const T* __restrict__ w, const TO* __restrict__ bias,
+                                                        TO* __restrict__ dst) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* planes = reinterpret_cast<T*>(smem);
+  TO* outp = reinterpret_cast<TO*>(smem + g.out_offset);
+  uint4* filt = reinterpret_cast<uint4*>(smem + g.filt_offset);
+  // Per slot: its source rows' offset in a plane, and its destination rows' in a destination plane (-1: a dummy).
+  int2* table = reinterpret_cast<int2*>(smem + g.table_offset);
+
+  int64_t b = blockIdx.x;  // channel tile fastest: neighbouring blocks read the other sectors of the same pixels
+  const int ct = static_cast<int>(b % g.ctiles);
+  b /= g.ctiles;
+  const int tc = static_cast<int>(b % g.col_tiles);
+  b /= g.col_tiles;
+  const int tr = static_cast<int>(b % g.row_tiles);
+  const int64_t n0 = b / g.row_tiles * g.nimg;
+  const int c0 = ct * kCt, y0 = tr * g.ty, x0 = tc * g.tx;
+
+  for (int sl = threadIdx.x; sl < g.mtiles * kSlots; sl += kThreads) {
+    int2 t = make_int2(0, -1);
+    if (sl < g.slots) {
+      const int per_img = g.ri * g.xj, m = sl / per_img, ij = sl - m * per_img, i = ij / g.xj, j = ij - i * g.xj;
+      t = make_int2((m * g.sr + K * i) * g.pitch + 8 * j, (m * g.ty + K * i) * g.tx + 8 * j);
+    }
+    table[sl] = t;
+  }
+  FilterRows<T, K>(g, w, c0, filt);
+  LoadTile<T>(g, src, n0, c0, y0, x0, planes);
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tq = lane % 4;
+  // ldmatrix.x4 row of this lane: slot (lane % 8) + 8 (lane / 8 % 2) of the M tile, source columns + 8 (lane / 16).
+  const int am = (lane & 7) + ((lane >> 3) & 1) * 8, acol = 8 * (lane >> 4);
+  const int bw = FragmentWord(lane);
+  constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
+
+  for (int cl = warp; cl < kCt && c0 + cl < g.c; cl += kWarps) {
+    const T* plane = planes + cl * g.plane;
+    const unsigned* frow = reinterpret_cast<const unsigned*>(filt + cl * K * (kFiltRow / 8));
+    uint32_t bf[K][2];
+#pragma unroll
+    for (int dy = 0; dy < K; ++dy) {
+      bf[dy][0] = frow[dy * (kFiltRow / 2) + bw];
+      bf[dy][1] = frow[dy * (kFiltRow / 2) + bw + 4];
+    }
+    const float bv = g.has_bias ? ToAcc(bias[c0 + cl]) : 0.f;
+    TO* op = outp + cl * g.out_plane;
+    float d[K][4];
+    for (int mt = 0; mt < g.mtiles; ++mt) {
+      const int a_off = table[mt * kSlots + am].x + acol;
+      const int2 ds[2] = {table[mt * kSlots + grp], table[mt * kSlots + grp + 8]};  // this lane's D rows
+#pragma unroll
+      for (int e = 0; e < K; ++e) d[e][0] = d[e][1] = d[e][2] = d[e][3] = 0.f;
+#pragma unroll
+      for (int s = 0; s < 2 * K - 1; ++s) {
+        uint32_t a[4];
+        LdMatrix<4>(a, plane + a_off + s * g.pitch);
+#pragma unroll
+        for (int dy = 0; dy < K; ++dy) {
+          if (s - dy >= 0 && s - dy < K) Mma16816<kBF16>(d[s - dy], a, bf[dy][0], bf[dy][1]);
+        }
+      }
+      // inf * 0 and NaN * 0 are NaN: one FMA chain tells whether any accumulator is not finite.
+      float chk = 0.f;
+#pragma unroll
+      for (int e = 0; e < K; ++e)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) chk = fmaf(d[e][r], 0.f, chk);
+      if (!__all_sync(0xffffffffu, chk == 0.f)) {
+        const unsigned short* taps = reinterpret_cast<const unsigned short*>(filt + cl * K * (kFiltRow / 8));
+#pragma unroll
+        for (int e = 0; e < K; ++e) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const T* at = plane + ds[r / 2].x + e * g.pitch + 2 * tq + (r & 1);
+            float v = 0.f;
+            for (int dy = 0; dy < K; ++dy)
+              for (int dx = 0; dx < K; ++dx) {
+                v = fmaf(ToAcc(at[dy * g.pitch + dx]), BitsToFloat<T>(taps[dy * kFiltRow + dx + 8]), v);
+              }
+            d[e][r] = v;
+          }
+        }
+      }
+      __syncwarp();  // this channel's plane is read; its destinations may overwrite it (aliased: one M tile only)
+      WithActivation(g.act, [&](auto act_c) {
+        constexpr int kAct = decltype(act_c)::value;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (ds[h].y < 0) continue;
+#pragma unroll
+          for (int e = 0; e < K; ++e) {
+            StorePair<TO>(op + ds[h].y + e * g.tx + 2 * tq, Activate(d[e][2 * h] + bv, kAct),
+                          Activate(d[e][2 * h + 1] + bv, kAct));
+          }
+        }
+      });
+    }
+  }
+  __syncthreads();
+  StoreTile<TO>(g, outp, n0, c0, y0, x0, dst);
+}
+
+// The problem as the kernel sees it (depthwise_plane.h): 7x7, unit strides, c a multiple of 8 (16-byte pixel
+// vectors); the data gradient as the flipped forward.
+constexpr int kK = 7;
+
+bool MakeMmaProblem(const ConvParams& p, CudaOp op, DwPlane* tp) {
+  DwPlane t;
+  if (op == CudaOp::kWgrad || !DwPlaneOf(p, op, &t)) return false;
+  if (t.kh != kK || t.kw != kK || t.sh != 1 || t.sw != 1 || t.c % 8 != 0) return false;
+  if (op == CudaOp::kDgrad && !t.flip) return false;
+  *tp = t;
+  return true;
+}
+
+// Tile shape: nimg images x ri row groups x xj column blocks. Among those whose shared memory fits two blocks per SM,
+// with at most kMaxMtiles M tiles: the least work, counted as the source pixels staged plus the destination pixels
+// computed (the halo, the rows, columns and images past the destination in the last tiles, the dummy slots), times
+// the blocks or two waves' worth of them, whichever is more (fewer blocks would leave SMs idle).
+constexpr int kMaxMtiles = 4;
+
+struct MmaPlan {
+  DwMmaArgs a{};
+  size_t smem = 0;
+  int64_t blocks = 0;  // per channel tile
+};
+
+bool MakePlan(const DwPlane& t, int k, size_t out_size, int64_t ctiles, MmaPlan* out) {
+  double best = -1.0;
+  const int64_t max_ri = CeilDiv(t.dst_rows, k), max_xj = CeilDiv(t.dst_cols, 8);
+  for (int xj = 1; xj <= kSlots && xj < 2 * max_xj; xj *= 2) {
+    for (int ri = 1; ri <= max_ri && ri * xj <= kMaxMtiles * kSlots; ++ri) {
+      for (int nimg = 1; nimg <= t.n && nimg * ri * xj <= kMaxMtiles * kSlots; nimg *= 2) {
+        const int slots = nimg * ri * xj, mtiles = static_cast<int>(CeilDiv(slots, kSlots));
+        const int ty = k * ri, tx = 8 * xj, sr = ty + k - 1, sc = tx + 8;
+        // pitch in 16-byte units odd, so that the 8 rows of an ldmatrix matrix spread over the banks
+        const int units = sc / 8 + (sc / 8 % 2 == 0 ? 1 : 0);
+        const int pitch = 8 * units, plane = nimg * sr * pitch;
+        const size_t src_bytes = static_cast<size_t>(kCt) * plane * 2;
+        const size_t out_bytes = static_cast<size_t>(nimg) * ty * tx * out_size;
+        const bool alias = mtiles == 1 && out_bytes <= static_cast<size_t>(plane) * 2;
+        const size_t filt_offset = src_bytes + (alias ? 0 : kCt * out_bytes);
+        const size_t table_offset = filt_offset + static_cast<size_t>(kCt) * k * kFiltRow * 2;
+        const size_t smem = table_offset + static_cast<size_t>(mtiles) * kSlots * sizeof(int2);
+        if (smem > kMaxSmem) continue;
+        const int64_t img_tiles = CeilDiv(t.n, nimg), row_tiles = CeilDiv(t.dst_rows, ty);
+        const int64_t col_tiles = CeilDiv(t.dst_cols, tx), blocks = img_tiles * row_tiles * col_tiles;
+        const double work = static_cast<double>(nimg) * sr * sc + static_cast<double>(mtiles) * kSlots * k * 8;
+        const double cost = work * static_cast<double>(std::max<int64_t>(blocks * ctiles, 2 * kPlanSms));
+        if (best >= 0.0 && cost >= best) continue;
+        best = cost;
+        DwMmaArgs& a = out->a;
+        a.nimg = nimg, a.ri = ri, a.xj = xj, a.slots = slots, a.mtiles = mtiles;
+        a.ty = ty, a.tx = tx, a.sr = sr, a.sc = sc, a.pitch = pitch, a.plane = plane;
+        a.out_plane = alias ? static_cast<int>(static_cast<size_t>(plane) * 2 / out_size) : nimg * ty * tx;
+        a.out_offset = alias ? 0 : static_cast<int>(src_bytes);
+        a.filt_offset = static_cast<int>(filt_offset);
+        a.table_offset = static_cast<int>(table_offset);
+        a.row_tiles = static_cast<int>(row_tiles), a.col_tiles = static_cast<int>(col_tiles);
+        out->smem = smem;
+        out->blocks = blocks;
+      }
+    }
+  }
+  return best >= 0.0;
+}
+
+template <class T, class TO>
+cudaError_t Launch(const DwPlane& t, int act, bool has_bias, const void* src, const void* w, const void* bias,
+                   void* dst, cudaStream_t s, bool* launched) {
+  MmaPlan pl;
+  const int64_t ctiles = CeilDiv(t.c, kCt);
+  if (!MakePlan(t, kK, sizeof(TO), ctiles, &pl)) return cudaSuccess;
+  DwMmaArgs& a = pl.a;
+  a.ctiles = static_cast<int>(ctiles);
+  const int64_t blocks = pl.blocks * a.ctiles;
+  if (blocks > INT_MAX) return cudaSuccess;
+  a.n = t.n;
+  a.c = static_cast<int>(t.c);
+  a.src_rows = static_cast<int>(t.src_rows), a.src_cols = static_cast<int>(t.src_cols);
+  a.dst_rows = static_cast<int>(t.dst_rows), a.dst_cols = static_cast<int>(t.dst_cols);
+  a.ph = static_cast<int>(t.ph), a.pw = static_cast<int>(t.pw);
+  a.flip = t.flip, a.act = act, a.has_bias = has_bias;
+  *launched = true;
+  const auto kern = DwMmaKernel<T, TO, kK>;
+  if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
+  kern<<<static_cast<unsigned>(blocks), kThreads, pl.smem, s>>>(a, static_cast<const T*>(src), static_cast<const T*>(w),
+                                                                static_cast<const TO*>(bias), static_cast<TO*>(dst));
+  return cudaGetLastError();
+}
+
+cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
+                void* dst, cudaStream_t s, bool* launched) {
+  *launched = false;
+  DwPlane t;
+  if (DeviceArch() < 80 || (in != DT::kBF16 && in != DT::kF16) || !IsF32AccPair(in, out) ||
+      !MakeMmaProblem(p, op, &t) || !Aligned16(src) || !Aligned16(dst)) {
+    return cudaSuccess;
+  }
+  const int act = op == CudaOp::kFwd ? static_cast<int>(p.activation[0]) : kActNone;
+  return WithF32AccTypes(in, out, [&](auto ti, auto to) -> cudaError_t {
+    using T = decltype(ti);
+    using TO = decltype(to);
+    if constexpr (std::is_same_v<T, float>) {
+      return cudaSuccess;  // not reached: 16-bit inputs only
+    } else {
+      return Launch<T, TO>(t, act, bias != nullptr, src, w, bias, dst, s, launched);
+    }
+  });
+}
+
+}  // namespace
+
+cudaError_t DepthwiseMmaFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+                            void* y, cudaStream_t s, bool* launched) {
+  return Run(p, CudaOp::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
+}
+
+cudaError_t DepthwiseMmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+                              cudaStream_t s, bool* launched) {
+  return Run(p, CudaOp::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
+}
+
+}  // namespace cuda
+}  // namespace jaxconv
