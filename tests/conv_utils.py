@@ -6,7 +6,11 @@ rounded) inputs upcast to float64, so a test measures only the error of the code
 
 from __future__ import annotations
 
+import fcntl
+import inspect
 import os
+import subprocess
+import sys
 import zlib
 
 import jax
@@ -544,3 +548,23 @@ JAXCONV_PRIMS = ("jaxconv_fwd", "jaxconv_dgrad", "jaxconv_wgrad")
 
 def conv_like(names):
   return [n for n in names if "conv" in n.lower().replace("convert", "")]
+
+
+def run_gpu_memory_test(tmp_path_factory, fn, *args, timeout=900):
+  """Runs fn(*args) (a module-level function of a test file) for a test whose tensors take a tenth of a GPU's memory
+  or more. Under pytest-xdist it runs in a fresh Python process, one at a time across the session's test processes
+  (a lock in their shared temporary directory), and fails with the child's output if the child fails: a process's
+  XLA allocator keeps what it once held, and with several such tests in flight on workers sharing one H200, tests of
+  every kind failed with RESOURCE_EXHAUSTED (DEVICE_RUNS 276-277). The child frees everything when it exits. Without
+  xdist (one process, nothing else in flight) it runs in this process."""
+  if not os.environ.get("PYTEST_XDIST_WORKER"):
+    fn(*args)
+    return
+  folder, module = os.path.dirname(os.path.abspath(inspect.getfile(fn))), fn.__module__
+  code = (f"import sys; sys.path.insert(0, {folder!r}); import jaxconv; jaxconv.set_debug_poison(True); "
+          f"import {module}; {module}.{fn.__name__}(*{args!r})")
+  with open(tmp_path_factory.getbasetemp().parent / "gpu_memory_tests.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+  assert proc.returncode == 0, (f"{module}.{fn.__name__}{args} failed in its own process (rc {proc.returncode}):\n"
+                                f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

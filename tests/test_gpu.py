@@ -78,7 +78,11 @@ def _slice_ref(x_slice, w, **kw):
 
 
 @pytest.mark.parametrize("kind", ["depthwise", "pointwise"])
-def test_more_than_2_31_elements(kind):
+def test_more_than_2_31_elements(kind, tmp_path_factory):
+  cu.run_gpu_memory_test(tmp_path_factory, _more_than_2_31_elements, kind)
+
+
+def _more_than_2_31_elements(kind):
   """bf16 tensors with > 2**31 elements: 64-bit indexing in fwd (and dgrad for the 1x1 case); a few
   slices, including the far end of the tensor, against a float64 reference on those slices. The depthwise case
   runs a 3x3 (the Hopper TMA kernel) and a 7x7 (the tensor-core kernel) on the same input, one output alive at a

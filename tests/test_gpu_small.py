@@ -364,7 +364,11 @@ def test_small_auto_matches_forced_and_is_deterministic(width, c, rng):
 
 
 @pytest.mark.parametrize("width", [32767, 32768])  # 32768: the register stencil (W % 8 == 0)
-def test_small_more_than_2_31_elements(width):
+def test_small_more_than_2_31_elements(width, tmp_path_factory):
+  cu.run_gpu_memory_test(tmp_path_factory, _small_more_than_2_31_elements, width)
+
+
+def _small_more_than_2_31_elements(width):
   """bf16 1->1 3x3 over 3 images of 32767 x width (> 2**31 elements in all; each image < 2**30, the family's
   per-image bound): 64-bit batch offsets in the stencils' loads and stores, the far corner of the last image
   and the middle of the first against a float64 reference on slices."""
@@ -374,7 +378,11 @@ def test_small_more_than_2_31_elements(width):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # float32: the FMA kernel, byte offsets past 2**35
-def test_small_4to4_more_than_2_31_elements(dtype):
+def test_small_4to4_more_than_2_31_elements(dtype, tmp_path_factory):
+  cu.run_gpu_memory_test(tmp_path_factory, _small_4to4_more_than_2_31_elements, dtype)
+
+
+def _small_4to4_more_than_2_31_elements(dtype):
   """4->4 3x3 (the pixel kernel) over 5 images of 16383 x 8192 x 4 (> 2**31 elements, each image < 2**30)."""
   shape = (5, 16383, 8192, 4)
   assert np.prod(shape, dtype=np.int64) > 2 ** 31
@@ -382,7 +390,11 @@ def test_small_4to4_more_than_2_31_elements(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_small_4to4_wgrad_more_than_2_31_elements(dtype):
+def test_small_4to4_wgrad_more_than_2_31_elements(dtype, tmp_path_factory):
+  cu.run_gpu_memory_test(tmp_path_factory, _small_4to4_wgrad_more_than_2_31_elements, dtype)
+
+
+def _small_4to4_wgrad_more_than_2_31_elements(dtype):
   """4->4 3x3 filter gradient over 5 x 16383 x 8192 x 4: dy is nonzero at a few pixels only, placed past 2**31
   elements and at image edges, so the float64 reference is the sum of their few products with x."""
   shape = (5, 16383, 8192, 4)
