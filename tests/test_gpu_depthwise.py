@@ -87,6 +87,8 @@ CASES = {
     "7x7_mma_c8_negpad": ((2, 30, 61, 8), (7, 7), (1, 1), ((-1, 2), (5, 0)), (1, 1)),
     "7x7_mma_wide": ((1, 5, 251, 16), (7, 7), (1, 1), ((3, 3), (3, 3)), (1, 1)),
     "3d_1x7x7_mma": ((2, 3, 11, 13, 16), (1, 7, 7), (1, 1, 1), ((0, 0), (3, 3), (3, 3)), (1, 1, 1)),
+    # ... and a 16-bit 7x7 that it does not take (C = 12, not a multiple of 8): the register stencil's
+    "7x7_c12_stencil": ((2, 17, 23, 12), (7, 7), (1, 1), ((3, 3), (3, 3)), (1, 1)),
 }
 
 ALL_DTYPES = ("float32", "bfloat16", "float16", "float64")
