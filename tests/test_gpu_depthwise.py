@@ -336,8 +336,8 @@ def test_depthwise_mma_nonfinite_reach_only_their_windows(dtype, pads, rng):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_depthwise_mma_convnext_layer(dtype, rng):
-  """ConvNeXt's 7x7 layer shape (56^2 x 96, 6 channel tiles, 2 x 2 spatial tiles per image with a partial last
-  column tile) on 8 images, with bias and GELU, and its data gradient."""
+  """ConvNeXt's 7x7 layer shape (56^2 x 96: 6 channel tiles, 56 columns in blocks of 8) on 8 images, with bias and
+  GELU, and its data gradient."""
   x_shape, pads, c = (8, 56, 56, 96), ((3, 3), (3, 3)), 96
   conv = functools.partial(jaxconv.conv2d, stride=1, padding=list(pads), groups=c, algorithm="depthwise",
                            precision="highest")
