@@ -550,6 +550,13 @@ def conv_like(names):
   return [n for n in names if "conv" in n.lower().replace("convert", "")]
 
 
+def session_shared_dir(tmp_path_factory):
+  """A directory that every process of this pytest session sees: its base temporary directory, or under
+  pytest-xdist that directory's parent (each worker's base is a subdirectory of it)."""
+  base = tmp_path_factory.getbasetemp()
+  return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def run_gpu_memory_test(tmp_path_factory, fn, *args, timeout=900):
   """Runs fn(*args) (a module-level function of a test file) for a test whose tensors take a tenth of a GPU's memory
   or more. Under pytest-xdist it runs in a fresh Python process, one at a time across the session's test processes
@@ -563,7 +570,7 @@ def run_gpu_memory_test(tmp_path_factory, fn, *args, timeout=900):
   folder, module = os.path.dirname(os.path.abspath(inspect.getfile(fn))), fn.__module__
   code = (f"import sys; sys.path.insert(0, {folder!r}); import jaxconv; jaxconv.set_debug_poison(True); "
           f"import {module}; {module}.{fn.__name__}(*{args!r})")
-  with open(tmp_path_factory.getbasetemp().parent / "gpu_memory_tests.lock", "w") as lock:
+  with open(session_shared_dir(tmp_path_factory) / "gpu_memory_tests.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
   assert proc.returncode == 0, (f"{module}.{fn.__name__}{args} failed in its own process (rc {proc.returncode}):\n"

@@ -97,12 +97,12 @@ def _more_than_2_31_elements(kind):
   x = jax.random.normal(kx, shape, jnp.bfloat16)
   conv = functools.partial(jaxconv.conv_general_dilated, window_strides=(1, 1), padding="VALID",
                            dimension_numbers=NHWC, feature_group_count=g)
+  n_last = shape[0] - 1
   for w_shape in w_shapes:
     w = jax.random.normal(kw_, w_shape, jnp.bfloat16)
     y = jax.jit(conv)(x, w)
     w_np = np.asarray(w)
     kh, kw2 = w_shape[:2]
-    n_last = shape[0] - 1
     H, W = y.shape[1], y.shape[2]
     for (n, i0, j0) in [(0, 0, 0), (n_last, H - 4, W - 4), (n_last, H // 2, W - 3)]:
       xs = np.asarray(x[n:n + 1, i0:i0 + 4 + kh - 1, j0:j0 + 4 + kw2 - 1, :])

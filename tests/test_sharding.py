@@ -24,6 +24,8 @@ import traceback
 
 import pytest
 
+import conv_utils as cu
+
 # 8 CPU host devices in CI; the multi-GPU run sets JAXCONV_SHARD_NDEV to its GPU count.
 NDEV = int(os.environ.get("JAXCONV_SHARD_NDEV", "8"))
 # Prefix of the worker's result lines (one JSON object per check) on its stdout.
@@ -296,9 +298,7 @@ def _run(partitioner: str, tmp_path_factory) -> dict:
   output there, the others wait on the lock and read it (a run per test process had doubled the workers' CPU time
   in a two-process CI run)."""
   if not _results:
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-      shared = shared.parent
+    shared = cu.session_shared_dir(tmp_path_factory)
     path = shared / "sharding_workers.json"
     with open(shared / "sharding_workers.lock", "w") as lock:
       fcntl.flock(lock, fcntl.LOCK_EX)
