@@ -366,7 +366,17 @@ __global__ void __launch_bounds__(kThreads) ReduceSplitsKernel(const TA* __restr
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += step) {
     TA v = src[e];
-    for (int64_t s = 1; s < splits; ++s) v += src[s * count + e];
+    int64_t s = 1;
+    // 8 loads in flight, added in split order (one load at a time left the sum latency-bound: about 10 us for the
+    // 76 splits of a ConvNeXt 7x7 filter gradient, H200 run 276).
+    for (; s + 8 <= splits; s += 8) {
+      TA t[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) t[i] = src[(s + i) * count + e];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v += t[i];
+    }
+    for (; s < splits; ++s) v += src[s * count + e];
     dst[e] = FromAcc<TO>(v);
   }
 }
