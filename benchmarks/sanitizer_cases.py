@@ -47,6 +47,8 @@ CASES = [
     # image tile
     ("depthwise mma 7x7 c24", 2, (3, 19, 37, 24), (7, 7), 24, 24, (1, 1), (1, 1), ((3, 2), (4, 3)), "depthwise"),
     ("depthwise mma 7x7 c8", 2, (2, 30, 61, 8), (7, 7), 8, 8, (1, 1), (1, 1), ((-1, 2), (5, 0)), "depthwise"),
+    # the filter gradient's blocks summing several tiles each (more tiles than blocks)
+    ("depthwise mma 7x7 tiles", 2, (300, 9, 13, 16), (7, 7), 16, 16, (1, 1), (1, 1), ((3, 3), (3, 3)), "depthwise"),
     ("depthwise reg 1d k3", 1, (2, 45, 12), (3,), 12, 12, (1,), (1,), ((1, 1),), "depthwise"),
     ("long 1d", 1, (2, 3001, 1), (257,), 1, 1, (1,), (1,), "SAME", "long1d"),
     ("long 1d two chunks", 1, (1, 20011, 2), (1500,), 1, 1, (1,), (1,), "SAME", "long1d"),

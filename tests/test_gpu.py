@@ -85,8 +85,8 @@ def test_more_than_2_31_elements(kind, tmp_path_factory):
 def _more_than_2_31_elements(kind):
   """bf16 tensors with > 2**31 elements: 64-bit indexing in fwd (and dgrad for the 1x1 case); a few
   slices, including the far end of the tensor, against a float64 reference on those slices. The depthwise case
-  runs a 3x3 (the Hopper TMA kernel) and a 7x7 (the tensor-core kernel) on the same input, one output alive at a
-  time: the tests share the GPU's memory."""
+  runs a 3x3 (the Hopper TMA kernel) and a 7x7 (the tensor-core kernel, and its filter gradient) on the same input,
+  one output alive at a time: the tests share the GPU's memory."""
   key = jax.random.key(0)
   if kind == "depthwise":
     shape, w_shapes, g = (2, 1031, 1031, 1024), [(3, 3, 1, 1024), (7, 7, 1, 1024)], 1024
@@ -111,6 +111,25 @@ def _more_than_2_31_elements(kind):
       got = np.asarray(y[n:n + 1, i0:i0 + want.shape[1], j0:j0 + want.shape[2], :])
       cu.assert_close(got, want, 1e-2, f"{kind} {kh}x{kw2} slice n={n} i={i0} j={j0}")
     del y
+  if kind == "depthwise":
+    # The 7x7's filter gradient (the tensor-core kernel) with a cotangent that is random in two patches, at the
+    # tensor's start and far end, and zero elsewhere: the reference sums over the patches only.
+    p = 8
+    yshape = (shape[0], shape[1] - kh + 1, shape[2] - kw2 + 1, shape[3])
+    patches = [(0, 0, 0), (n_last, yshape[1] - p, yshape[2] - p)]
+    vals = jax.random.normal(jax.random.key(1), (len(patches), p, p, shape[3]), jnp.bfloat16)
+    dy = jnp.zeros(yshape, jnp.bfloat16)
+    for v, (n, i0, j0) in zip(vals, patches):
+      dy = dy.at[n, i0:i0 + p, j0:j0 + p].set(v)
+    dw = np.asarray(jax.jit(lambda x, w, dy: jax.vjp(lambda w: conv(x, w), w)[1](dy)[0])(x, w, dy))
+    del dy
+    want = np.zeros((kh, kw2, shape[3]))
+    for v, (n, i0, j0) in zip(np.asarray(vals).astype(np.float64), patches):
+      xs = np.asarray(x[n, i0:i0 + p + kh - 1, j0:j0 + p + kw2 - 1]).astype(np.float64)
+      for a in range(kh):
+        for b in range(kw2):
+          want[a, b] += np.einsum("ijc,ijc->c", xs[a:a + p, b:b + p], v)
+    cu.assert_close(dw[:, :, 0], want, 1e-2, "depthwise 7x7 wgrad")
   if kind == "pointwise":
     dy = x  # reuse the big buffer as a cotangent: dx = dy @ w^T per pixel
     dx = jax.jit(lambda x, dy: jax.vjp(lambda a: conv(a, w), x)[1](dy)[0])(x, dy)

@@ -335,9 +335,50 @@ def test_depthwise_mma_nonfinite_reach_only_their_windows(dtype, pads, rng):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_depthwise_mma_wgrad_nonfinite_reach_only_their_taps(dtype, rng):
+  """The tensor-core 7x7 filter gradient multiplies source columns by cotangent columns past the image and padding
+  by cotangents (zeros both): an inf in the source must still reach only the taps that pair it with a cotangent
+  (a corner's: a quarter of them; the last column's: the taps reaching past no edge), a NaN cotangent every tap of
+  its channel, and the other channels stay finite."""
+  c = 24
+  x = cu.randn(rng, (2, 29, 43, c), dtype)
+  ct = cu.randn(rng, (2, 29, 43, c), dtype)  # pads 3: the output has x's shape
+  x[0, 0, 0, 3] = np.inf
+  x[1, 17, 42, 10] = -np.inf
+  x[1, 28, 20, 20] = np.inf
+  ct[0, 14, 20, 17] = np.nan
+  w = cu.randn(rng, (7, 7, 1, c), dtype)
+  pads = ((3, 3), (3, 3))
+  conv = functools.partial(jaxconv.conv2d, stride=1, padding=list(pads), groups=c, algorithm="depthwise",
+                           precision="highest")
+  dw = jax.jit(lambda x, w, ct: jax.vjp(lambda w: conv(x, w), w)[1](ct)[0])(cu.to_gpu(x), cu.to_gpu(w),
+                                                                         cu.to_gpu(ct))
+  with np.errstate(invalid="ignore"):
+    _, _, rdw = _shifted_ref(x, w, ct, pads)
+  assert np.isfinite(rdw[:, :, 0, [0, 1, 2, 4, 23]]).all() and np.isfinite(rdw[4:, :, 0, 3]).all()
+  _assert_same_nonfinite(np.asarray(dw), rdw, cu.tolerance(dtype), "wgrad")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_depthwise_mma_wgrad_many_tiles_per_block(dtype, rng):
+  """More tiles than the tensor-core filter gradient's blocks (each sums several in its registers), on small odd
+  images with C = 40 (a last channel tile of 8) and asymmetric pads."""
+  x_shape, pads, c = (300, 11, 13, 40), ((4, 2), (1, 5)), 40
+  conv = functools.partial(jaxconv.conv2d, stride=1, padding=list(pads), groups=c, algorithm="depthwise",
+                           precision="highest")
+  x = cu.randn(rng, x_shape, dtype)
+  w = cu.randn(rng, (7, 7, 1, c), dtype)
+  ct = cu.randn(rng, x_shape, dtype)
+  dw = jax.jit(lambda x, w, ct: jax.vjp(lambda w: conv(x, w), w)[1](ct)[0])(cu.to_gpu(x), cu.to_gpu(w),
+                                                                         cu.to_gpu(ct))
+  _, _, rdw = _shifted_ref(x, w, ct, pads)
+  cu.assert_close(np.asarray(dw), rdw, cu.tolerance(dtype), "wgrad")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_depthwise_mma_convnext_layer(dtype, rng):
   """ConvNeXt's 7x7 layer shape (56^2 x 96: 6 channel tiles, 56 columns in blocks of 8) on 8 images, with bias and
-  GELU, and its data gradient."""
+  GELU, and its data and filter gradients."""
   x_shape, pads, c = (8, 56, 56, 96), ((3, 3), (3, 3)), 96
   conv = functools.partial(jaxconv.conv2d, stride=1, padding=list(pads), groups=c, algorithm="depthwise",
                            precision="highest")
@@ -346,8 +387,8 @@ def test_depthwise_mma_convnext_layer(dtype, rng):
   b = cu.randn(rng, (c,), dtype)
   ct = cu.randn(rng, x_shape, dtype)
   y = np.asarray(jax.jit(functools.partial(conv, activation="gelu"))(cu.to_gpu(x), cu.to_gpu(w), cu.to_gpu(b)))
-  dx = jax.jit(lambda x, w, ct: jax.vjp(lambda x: conv(x, w), x)[1](ct)[0])(cu.to_gpu(x), cu.to_gpu(w),
-                                                                         cu.to_gpu(ct))
-  ry, rdx, _ = _shifted_ref(x, w, ct, pads)
+  dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(cu.to_gpu(x), cu.to_gpu(w), cu.to_gpu(ct))
+  ry, rdx, rdw = _shifted_ref(x, w, ct, pads)
   cu.assert_close(y, cu.activation_ref(ry + cu.f64(b), "gelu"), cu.tolerance(dtype), "fwd + bias + gelu")
   cu.assert_close(np.asarray(dx), rdx, cu.tolerance(dtype), "dgrad")
+  cu.assert_close(np.asarray(dw), rdw, cu.tolerance(dtype), "wgrad")

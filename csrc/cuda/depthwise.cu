@@ -10,7 +10,8 @@
 // the source tile with its halo in shared memory (zero-filled outside the source, so the inner loop has no
 // bounds checks); channels-last tiles are 32 channels wide, channels-first tiles are 32 x 32 spatial. Anything
 // else takes a generic gather kernel.
-// wgrad: channels-last without lhs dilation and C a multiple of one 16-byte vector: DwVecWgradKernel (channel
+// wgrad: the tensor-core 7x7 kernel (depthwise_mma.cu) and the register stencil (depthwise_reg.cu) first; then
+// channels-last without lhs dilation and C a multiple of one 16-byte vector: DwVecWgradKernel (channel
 // vectors, a register tile of taps per thread); otherwise one block per (channel tile, tap, split). Both reduce
 // in a fixed order in the block and write split partials to scratch for a fixed-order ReduceSplits
 // (deterministic).
@@ -1113,6 +1114,7 @@ cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, c
 }
 
 int64_t DepthwiseWgradSplits(const ConvParams& p, DT in) {
+  if (const int64_t mma = DepthwiseMmaWgradSplits(p, in); mma > 0) return mma;
   if (const int64_t reg = DepthwiseRegWgradSplits(p, in); reg > 0) return reg;
   const VecWgradPlan pl = PlanVecWgrad(p, in);
   if (pl.ok) return pl.splits;  // also what the older kernel gets if the pointers turn out misaligned
@@ -1132,6 +1134,11 @@ cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, co
                            int64_t splits, cudaStream_t s) {
   if (WElements(p) <= 0) return cudaSuccess;
   splits = splits < 1 ? 1 : splits;
+  {
+    bool launched = false;
+    const cudaError_t e = DepthwiseMmaWgrad(p, in, out, x, dy, dw, scratch, splits, s, &launched);
+    if (e != cudaSuccess || launched) return e;
+  }
   {
     bool launched = false;
     const cudaError_t e = DepthwiseRegWgrad(p, in, out, x, dy, dw, scratch, splits, s, &launched);

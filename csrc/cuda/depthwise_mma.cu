@@ -61,12 +61,6 @@ struct DwMmaArgs {
   int flip, act, has_bias;
 };
 
-template <class T>
-__device__ __forceinline__ float BitsToFloat(unsigned short u) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(static_cast<unsigned>(u) << 16);
-  else return __half2float(__ushort_as_half(u));
-}
-
 // The filter rows of the block's channels in shared memory, flipped for the data gradient: row (channel, dy) holds
 // w[dy][k - 8] at element k of its first copy and w[dy][k - 7] at element k of its second, zero elsewhere. A lane's
 // B fragment wants the pairs (w[a], w[a + 1]) and (w[a + 8], w[a + 9]) with a = 2 (lane % 4) - lane / 4: in the first
@@ -108,51 +102,69 @@ __device__ __forceinline__ int FragmentWord(int lane) {
   return parity * 16 + (a + 8 - parity) / 2;
 }
 
-// The block's source tile (per image n0 + m < n: sr x sc pixels from (y0 - ph, x0 - pw), channels c0..c0 + 15) into
-// its planes (image m's rows from m * sr), zero outside the source and past c. A thread takes pixel pairs: two
-// 16-byte loads per pixel, whose 16-bit channel values it pairs across the two pixels into one 32-bit store per
-// channel plane. The loads of kBatch pairs are issued before their stores, so that each thread keeps 16 in flight.
-constexpr int kBatch = 4;
+// A tile of a channels-last tensor (16 channels from c0, one 32-byte sector per pixel) staged as one shared-memory
+// plane per channel (channel k's at planes + k * plane): image m < nimg of the tile (n0 + m < n), its rows sy0..
+// sy0 + sr - 1 and columns sx0.. sx0 + sc - 1 (sc even), zero outside the tensor and past c. Plane row r of image m
+// starts at word (m sr + r) pitch. kOverlap false: word j holds columns (2j, 2j + 1); true (the filter gradient's
+// source): word i holds columns (i, i + 1), so that the pair starting at any column is one aligned 32-bit word. A
+// thread takes column pairs (2j, 2j + 1), plus column 2j + 2 when overlapping: two 16-byte loads per pixel, whose
+// 16-bit channel values it pairs across the pixels into 32-bit words, one store per channel (two adjacent words when
+// overlapping). The loads of kBatch pairs are issued before their stores, to keep several in flight per thread.
+struct StageGeom {
+  int64_t n;          // images in the tensor
+  int c, rows, cols;  // its channels, rows, columns
+  int nimg, sr, sc;   // the tile: images x rows x columns
+  int pitch, plane;   // 32-bit words per plane row and per plane
+};
 
-template <class T>
-__device__ __forceinline__ void LoadTile(const DwMmaArgs& g, const T* __restrict__ src, int64_t n0, int c0, int y0,
-                                         int x0, T* planes) {
-  const int half_cols = g.sc / 2, img_pairs = g.sr * half_cols, pairs = g.nimg * img_pairs;
-  const int sy0 = y0 - g.ph, sx0 = x0 - g.pw;
-  const bool hi_half = c0 + 8 < g.c;
-  const int plane_words = g.plane / 2;
-  for (int base = threadIdx.x; base < pairs; base += kBatch * kThreads) {
-    uint4 v[kBatch][2][2];  // [pair][pixel][channel half]
+template <class T, bool kOverlap, int kNT>
+__device__ __forceinline__ void StageTile(const StageGeom& s, const T* __restrict__ src, int64_t n0, int c0, int sy0,
+                                          int sx0, unsigned* planes) {
+  constexpr int kPix = kOverlap ? 3 : 2, kBatch = kOverlap ? 2 : 4;
+  const int half_cols = s.sc / 2, img_pairs = s.sr * half_cols, pairs = s.nimg * img_pairs;
+  const bool hi_half = c0 + 8 < s.c;
+  for (int base = threadIdx.x; base < pairs; base += kBatch * kNT) {
+    uint4 v[kBatch][kPix][2];  // [pair][pixel][channel half]
+    int word[kBatch];          // the pair's first word in a plane
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int e = base + b * kThreads;
-      const int m = e / img_pairs, rq = e - m * img_pairs, r = rq / half_cols, q = 2 * (rq - r * half_cols);
+      const int e = base + b * kNT;
+      const int m = e / img_pairs, rq = e - m * img_pairs, r = rq / half_cols, j = rq - r * half_cols;
+      word[b] = (m * s.sr + r) * s.pitch + (kOverlap ? 2 * j : j);
       const int y = sy0 + r;
-      const bool row_in = e < pairs && n0 + m < g.n && static_cast<unsigned>(y) < static_cast<unsigned>(g.src_rows);
-      const T* row = src + ((n0 + m) * g.src_rows + y) * g.src_cols * g.c + c0;
+      const bool row_in = e < pairs && n0 + m < s.n && static_cast<unsigned>(y) < static_cast<unsigned>(s.rows);
+      const T* row = src + ((n0 + m) * s.rows + y) * s.cols * s.c + c0;
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        const int x = sx0 + q + p;
-        const bool in = row_in && static_cast<unsigned>(x) < static_cast<unsigned>(g.src_cols);
-        const uint4* px = reinterpret_cast<const uint4*>(row + static_cast<int64_t>(x) * g.c);
+      for (int p = 0; p < kPix; ++p) {
+        const int x = sx0 + 2 * j + p;
+        const bool in = row_in && static_cast<unsigned>(x) < static_cast<unsigned>(s.cols);
+        const uint4* px = reinterpret_cast<const uint4*>(row + static_cast<int64_t>(x) * s.c);
         v[b][p][0] = in ? __ldg(px) : make_uint4(0, 0, 0, 0);
         v[b][p][1] = in && hi_half ? __ldg(px + 1) : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int e = base + b * kThreads;
-      if (e >= pairs) break;
-      const int m = e / img_pairs, rq = e - m * img_pairs, r = rq / half_cols, q = 2 * (rq - r * half_cols);
-      unsigned* dst = reinterpret_cast<unsigned*>(planes + (m * g.sr + r) * g.pitch + q);
+      if (base + b * kNT >= pairs) break;
+      unsigned* dst = planes + word[b];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const unsigned a[4] = {v[b][0][h].x, v[b][0][h].y, v[b][0][h].z, v[b][0][h].w};
-        const unsigned c[4] = {v[b][1][h].x, v[b][1][h].y, v[b][1][h].z, v[b][1][h].w};
+        const unsigned p0[4] = {v[b][0][h].x, v[b][0][h].y, v[b][0][h].z, v[b][0][h].w};
+        const unsigned p1[4] = {v[b][1][h].x, v[b][1][h].y, v[b][1][h].z, v[b][1][h].w};
+        const unsigned p2[4] = {v[b][kPix - 1][h].x, v[b][kPix - 1][h].y, v[b][kPix - 1][h].z, v[b][kPix - 1][h].w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          dst[(8 * h + 2 * k) * plane_words] = __byte_perm(a[k], c[k], 0x5410);      // channel 8h + 2k, both pixels
-          dst[(8 * h + 2 * k + 1) * plane_words] = __byte_perm(a[k], c[k], 0x7632);  // channel 8h + 2k + 1
+          unsigned* lo = dst + (8 * h + 2 * k) * s.plane;  // channel 8h + 2k: the low halves
+          unsigned* hi = lo + s.plane;                     // channel 8h + 2k + 1: the high halves
+          if constexpr (kOverlap) {
+            *reinterpret_cast<uint2*>(lo) =
+                make_uint2(__byte_perm(p0[k], p1[k], 0x5410), __byte_perm(p1[k], p2[k], 0x5410));
+            *reinterpret_cast<uint2*>(hi) =
+                make_uint2(__byte_perm(p0[k], p1[k], 0x7632), __byte_perm(p1[k], p2[k], 0x7632));
+          } else {
+            *lo = __byte_perm(p0[k], p1[k], 0x5410);
+            *hi = __byte_perm(p0[k], p1[k], 0x7632);
+          }
         }
       }
     }
@@ -232,7 +244,8 @@ __global__ void __launch_bounds__(kThreads) DwMmaKernel(const DwMmaArgs g, const
     table[sl] = t;
   }
   FilterRows<T, K>(g, w, c0, filt);
-  LoadTile<T>(g, src, n0, c0, y0, x0, planes);
+  const StageGeom sg{g.n, g.c, g.src_rows, g.src_cols, g.nimg, g.sr, g.sc, g.pitch / 2, g.plane / 2};
+  StageTile<T, false, kThreads>(sg, src, n0, c0, y0 - g.ph, x0 - g.pw, reinterpret_cast<unsigned*>(planes));
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tq = lane % 4;
@@ -274,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) DwMmaKernel(const DwMmaArgs g, const
 #pragma unroll
         for (int r = 0; r < 4; ++r) chk = fmaf(d[e][r], 0.f, chk);
       if (!__all_sync(0xffffffffu, chk == 0.f)) {
-        const unsigned short* taps = reinterpret_cast<const unsigned short*>(filt + cl * K * (kFiltRow / 8));
+        const T* taps = reinterpret_cast<const T*>(filt + cl * K * (kFiltRow / 8));
 #pragma unroll
         for (int e = 0; e < K; ++e) {
 #pragma unroll
@@ -283,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) DwMmaKernel(const DwMmaArgs g, const
             float v = 0.f;
             for (int dy = 0; dy < K; ++dy)
               for (int dx = 0; dx < K; ++dx) {
-                v = fmaf(ToAcc(at[dy * g.pitch + dx]), BitsToFloat<T>(taps[dy * kFiltRow + dx + 8]), v);
+                v = fmaf(ToAcc(at[dy * g.pitch + dx]), ToAcc(taps[dy * kFiltRow + dx + 8]), v);
               }
             d[e][r] = v;
           }
@@ -308,13 +321,13 @@ __global__ void __launch_bounds__(kThreads) DwMmaKernel(const DwMmaArgs g, const
   StoreTile<TO>(g, outp, n0, c0, y0, x0, dst);
 }
 
-// The problem as the kernel sees it (depthwise_plane.h): 7x7, unit strides, c a multiple of 8 (16-byte pixel
-// vectors); the data gradient as the flipped forward.
+// The problem as the kernels see it (depthwise_plane.h): 7x7, unit strides, c a multiple of 8 (16-byte pixel
+// vectors); the data gradient as the flipped forward, the filter gradient in the forward's geometry.
 constexpr int kK = 7;
 
 bool MakeMmaProblem(const ConvParams& p, CudaOp op, DwPlane* tp) {
   DwPlane t;
-  if (op == CudaOp::kWgrad || !DwPlaneOf(p, op, &t)) return false;
+  if (!DwPlaneOf(p, op, &t)) return false;
   if (t.kh != kK || t.kw != kK || t.sh != 1 || t.sw != 1 || t.c % 8 != 0) return false;
   if (op == CudaOp::kDgrad && !t.flip) return false;
   *tp = t;
@@ -417,6 +430,212 @@ cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, 
   });
 }
 
+
+// ---- the filter gradient ----
+// dw[ky][kx] = sum over (image, r, c) of X[r + ky - ph][c + kx - pw] * DY[r][c], the pairs with X outside the image
+// left out. Per channel, pair of source rows (y, y - 1) and 16 cotangent columns c0 + k, one mma.sync m16n8k16:
+//   A[kx][k]     = X[y][c0 + k + kx - pw]       (rows 0..7: a Hankel matrix of source row y; kx = 7 is spare)
+//   A[8 + kx][k] = X[y - 1][c0 + k + kx - pw]   (rows 8..15: of row y - 1)
+//   B[k][n]      = DY[y + ph - n][c0 + k]       (n = 0..7, one ldmatrix.x2 of 8 cotangent rows)
+// D[kx][n] collects the pairs with ky = n, D[8 + kx][n] those with ky = n - 1: 98 of the 128 outputs count (77 % of
+// the products; a Hankel matrix of the cotangent instead would leave 9 of 16 source rows idle). The Hankel fragments
+// are plain 32-bit loads from a source plane that holds every column pair as one aligned word (StageTile's
+// overlap), so a lane's a0 / a2 pair at any column is one load.
+// A tile is rb source rows (even; rows past the image are zero) x 16 nb cotangent columns of one image: each
+// (source row, cotangent column) belongs to one tile, so every pair is counted once. A block (channel tile, split)
+// stages a tile, computes on it, and walks the tiles split, split + splits, ... keeping each channel's sums in
+// registers; then per split either dw or float32 partials for ReduceSplits (a fixed order: deterministic).
+// Non-finite data: the MMA multiplies source columns by cotangent columns past the image (zeros) and source pixels of
+// the padding (zeros) by cotangents, where inf * 0 is NaN. A warp whose tile sum of a channel is not finite
+// recomputes it with FMAs over the real pairs only, as the register stencil counts them.
+// H200, bf16, ConvNeXt-T's layers at b32, busy us with the split sum (run 279): 56^2 x 96 46.2 (register stencil
+// 212, lax 74), 28^2 x 192 25.8 (86; lax 34), 14^2 x 384 19.1 (45; lax 23), b1 56^2 x 96 10.3 (12.3; lax 20). At
+// 7^2 x 768 (7 of 16 columns count) it took 34 against the stencil's 26, so images narrower than 12 columns keep the
+// stencil. Tried and not kept (runs 280-283): lanes l and l + 16 loading the two halves of a pixel's sector; 16 warps
+// of one block per SM keeping the next tile's loads in flight while computing (more instructions per tile than MMA
+// work at 14^2, 24-29 us there; no gain at 56^2: ncu showed 0.42 instructions issued per cycle and scheduler, short-
+// and long-scoreboard and MIO stalls alike).
+constexpr int kWgThreads = 256;
+constexpr int kWgWarps = kWgThreads / 32;
+constexpr int kWgChannels = kCt / kWgWarps;  // channels per warp
+constexpr size_t kWgMaxSmem = 112 * 1024;     // two blocks per SM (228 KB, 1 KB of it reserved per block)
+constexpr int64_t kWgMinCols = 12;
+
+struct DwMmaWgradArgs {
+  int64_t n, tiles, welems;
+  int c, src_rows, src_cols, dst_rows, dst_cols, ph, pw;
+  int rb, nb;              // a tile: rb source rows x 16 nb cotangent columns
+  int xpitch, xplane;      // words per source plane row (16 nb + 8 column pairs) and per plane (rb rows)
+  int dpitch, dplane;      // 16-bit elements per cotangent plane row (16 nb + 8: ldmatrix rows spread over the
+                           // banks) and per plane (rb + 6 rows: y + ph - 7 .. y + ph for the tile's pairs)
+  int row_tiles, col_tiles, ctiles, splits;
+};
+
+// The tile's sum for tap (ky, kx) of one channel over its real pairs only, from the planes (a fixed order).
+template <class T>
+__device__ float ExactTap(const DwMmaWgradArgs& g, const unsigned* xp, const T* dp, int y0, int xt, int ky, int kx) {
+  float v = 0.f;
+  for (int r = 0; r < g.rb && y0 + r < g.src_rows; ++r) {
+    const int dr = y0 + r + g.ph - ky;
+    if (dr < 0 || dr >= g.dst_rows) continue;
+    const T* xrow = reinterpret_cast<const T*>(xp + r * g.xpitch);  // word i's low half: source column xt - pw + i
+    const T* drow = dp + (r + 6 - ky) * g.dpitch;
+    for (int k = 0; k < 16 * g.nb && xt + k < g.dst_cols; ++k) {
+      const int xc = xt + k + kx - g.pw;
+      if (xc >= 0 && xc < g.src_cols) v = fmaf(ToAcc(xrow[2 * (k + kx)]), ToAcc(drow[k]), v);
+    }
+  }
+  return v;
+}
+
+template <class T, class TO>
+__global__ void __launch_bounds__(kWgThreads, 2) DwMmaWgradKernel(const DwMmaWgradArgs g, const T* __restrict__ x,
+                                                                  const T* __restrict__ dy, TO* __restrict__ dw,
+                                                                  float* __restrict__ scratch) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned* xplanes = reinterpret_cast<unsigned*>(smem);
+  T* dplanes = reinterpret_cast<T*>(smem + static_cast<size_t>(kCt) * g.xplane * 4);
+  const int ct = static_cast<int>(blockIdx.x % g.ctiles), split = static_cast<int>(blockIdx.x / g.ctiles);
+  const int c0 = ct * kCt;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tq = lane % 4;
+  constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
+  const StageGeom xs{g.n, g.c, g.src_rows, g.src_cols, 1, g.rb, 16 * g.nb + 8, g.xpitch, g.xplane};
+  const StageGeom ds{g.n, g.c, g.dst_rows, g.dst_cols, 1, g.rb + 6, 16 * g.nb, g.dpitch / 2, g.dplane / 2};
+  // This lane's A words (row y of the first pair, column pair 2 tq + grp) and ldmatrix row (cotangent row n = lane % 8
+  // of the first pair, columns + 8 for lanes 8..15).
+  const int a_word = g.xpitch + 2 * tq + grp;
+  const int b_elem = (7 - (lane & 7)) * g.dpitch + 8 * ((lane >> 3) & 1);
+  float acc[kWgChannels][4] = {};
+  for (int64_t tile = split; tile < g.tiles; tile += g.splits) {
+    const int tc = static_cast<int>(tile % g.col_tiles);
+    const int64_t q = tile / g.col_tiles;
+    const int y0 = static_cast<int>(q % g.row_tiles) * g.rb, xt = tc * 16 * g.nb;
+    const int64_t n0 = q / g.row_tiles;
+    __syncthreads();  // the previous tile's planes are read
+    StageTile<T, true, kWgThreads>(xs, x, n0, c0, y0, xt - g.pw, xplanes);
+    StageTile<T, false, kWgThreads>(ds, dy, n0, c0, y0 + g.ph - 6, xt, reinterpret_cast<unsigned*>(dplanes));
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kWgChannels; ++i) {
+      const int cl = warp + kWgWarps * i;
+      if (c0 + cl >= g.c) break;
+      const unsigned* xa = xplanes + cl * g.xplane + a_word;
+      const T* bl = dplanes + cl * g.dplane + b_elem;
+      // Two accumulators (even and odd pairs), so that consecutive MMAs do not wait on each other.
+      float d[2][4] = {};
+      auto mma = [&](int pi, float (&acc4)[4], int b) {
+        const unsigned* xr = xa + 2 * pi * g.xpitch + 16 * b;
+        const uint32_t a[4] = {xr[0], xr[-g.xpitch], xr[8], xr[8 - g.xpitch]};
+        uint32_t f[2];
+        LdMatrix<2>(f, bl + 2 * pi * g.dpitch + 16 * b);
+        Mma16816<kBF16>(acc4, a, f[0], f[1]);
+      };
+      const int pairs = g.rb / 2;
+      int pi = 0;
+      for (; pi + 1 < pairs; pi += 2) {
+        for (int b = 0; b < g.nb; ++b) {
+          mma(pi, d[0], b);
+          mma(pi + 1, d[1], b);
+        }
+      }
+      if (pi < pairs) {
+        for (int b = 0; b < g.nb; ++b) mma(pi, d[0], b);
+      }
+      float t[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) t[r] = d[0][r] + d[1][r];
+      // Lane (grp, tq) holds (ky, kx) = (2 tq, grp), (2 tq + 1, grp) from rows 0..7 and (2 tq - 1, grp), (2 tq, grp)
+      // from rows 8..15; kx = 7, ky = 7 and ky = -1 are spare. inf * 0 and NaN * 0 are NaN: one FMA chain tells
+      // whether a counted sum is not finite.
+      float chk = 0.f;
+      if (grp < 7) {
+        chk = fmaf(t[0], 0.f, fmaf(t[3], 0.f, chk));
+        if (tq < 3) chk = fmaf(t[1], 0.f, chk);
+        if (tq > 0) chk = fmaf(t[2], 0.f, chk);
+      }
+      if (!__all_sync(0xffffffffu, chk == 0.f)) {
+        const unsigned* xp = xplanes + cl * g.xplane;
+        const T* dp = dplanes + cl * g.dplane;
+        t[0] = grp < 7 ? ExactTap<T>(g, xp, dp, y0, xt, 2 * tq, grp) : 0.f;
+        t[1] = grp < 7 && tq < 3 ? ExactTap<T>(g, xp, dp, y0, xt, 2 * tq + 1, grp) : 0.f;
+        t[2] = t[3] = 0.f;
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[i][r] += t[r];
+    }
+  }
+  // dw[ky][kx] = rows 0..7's (ky, kx) + rows 8..15's (ky + 1 there): (2 tq, grp) is this lane's t0 + t3, (2 tq + 1,
+  // grp) its t1 + the next lane's t2.
+#pragma unroll
+  for (int i = 0; i < kWgChannels; ++i) {
+    const int ch = c0 + warp + kWgWarps * i;
+    const float next2 = __shfl_down_sync(0xffffffffu, acc[i][2], 1);
+    if (ch >= g.c || grp >= 7) continue;
+    const float v[2] = {acc[i][0] + acc[i][3], acc[i][1] + next2};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (h == 1 && tq == 3) break;
+      const int64_t off = static_cast<int64_t>((2 * tq + h) * kK + grp) * g.c + ch;
+      if (g.splits == 1) dw[off] = FromAcc<TO>(v[h]);
+      else scratch[split * g.welems + off] = v[h];
+    }
+  }
+}
+
+// Tile shape (rb, nb) and splits: among the tiles whose planes fit two blocks per SM, the fewest cost units on the
+// busiest block (its tiles: ceil(tiles / splits), with splits two blocks per SM over the channel tiles). A tile costs
+// its MMAs (3 units per source pixel: 6 shared-memory wavefronts per MMA of 2 x 16 pixels), the pixels it loads (1
+// unit each: the source with its column halo, the cotangent with its 6 halo rows) and a fixed 500.
+struct WgradPlan {
+  DwMmaWgradArgs a{};
+  size_t smem = 0;
+};
+
+bool MakeWgradPlan(const DwPlane& t, WgradPlan* out) {
+  const int64_t ctiles = CeilDiv(t.c, kCt);
+  const int64_t max_nb = std::min<int64_t>(8, CeilDiv(t.dst_cols, 16));
+  const int64_t max_rb = std::min<int64_t>(CeilDiv(t.src_rows, 2) * 2, 1 << 12);
+  double best = -1.0;
+  for (int nb = 1; nb <= max_nb; ++nb) {
+    const int pitch = 16 * nb + 8;
+    for (int rb = 2; rb <= max_rb; rb += 2) {
+      const size_t smem = static_cast<size_t>(kCt) * (static_cast<size_t>(rb) * pitch * 4 + (rb + 6) * pitch * 2);
+      if (smem > kWgMaxSmem) break;
+      const int64_t row_tiles = CeilDiv(t.src_rows, rb), col_tiles = CeilDiv(t.dst_cols, 16 * nb);
+      const int64_t tiles = t.n * row_tiles * col_tiles;
+      const int64_t splits = std::min<int64_t>({tiles, std::max<int64_t>(1, 2 * kPlanSms / ctiles), 1024});
+      const double per_tile = 3.0 * rb * 16 * nb + rb * pitch + (rb + 6) * 16.0 * nb + 500.0;
+      const double cost = static_cast<double>(CeilDiv(tiles, splits)) * per_tile;
+      if (best >= 0.0 && cost >= best) continue;
+      best = cost;
+      DwMmaWgradArgs& a = out->a;
+      a.rb = rb, a.nb = nb, a.xpitch = pitch, a.xplane = rb * pitch, a.dpitch = pitch, a.dplane = (rb + 6) * pitch;
+      a.row_tiles = static_cast<int>(row_tiles), a.col_tiles = static_cast<int>(col_tiles);
+      a.tiles = tiles, a.splits = static_cast<int>(splits), a.ctiles = static_cast<int>(ctiles);
+      out->smem = smem;
+    }
+  }
+  return best >= 0.0;
+}
+
+// The filter gradient's plan when the kernel takes the problem: 16-bit data (every output dtype the handlers pair
+// with it), cotangent rows at least kWgMinCols wide.
+bool WgradPlanOf(const ConvParams& p, DT in, WgradPlan* pl) {
+  DwPlane t;
+  if ((in != DT::kBF16 && in != DT::kF16) || !MakeMmaProblem(p, CudaOp::kWgrad, &t) || t.dst_cols < kWgMinCols ||
+      !MakeWgradPlan(t, pl)) {
+    return false;
+  }
+  DwMmaWgradArgs& a = pl->a;
+  a.n = t.n;
+  a.welems = WElements(p);
+  a.c = static_cast<int>(t.c);
+  a.src_rows = static_cast<int>(t.src_rows), a.src_cols = static_cast<int>(t.src_cols);
+  a.dst_rows = static_cast<int>(t.dst_rows), a.dst_cols = static_cast<int>(t.dst_cols);
+  a.ph = static_cast<int>(t.ph), a.pw = static_cast<int>(t.pw);
+  return static_cast<int64_t>(a.ctiles) * a.splits <= INT_MAX;
+}
+
 }  // namespace
 
 cudaError_t DepthwiseMmaFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
@@ -427,6 +646,39 @@ cudaError_t DepthwiseMmaFwd(const ConvParams& p, DT in, DT out, const void* x, c
 cudaError_t DepthwiseMmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched) {
   return Run(p, CudaOp::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
+}
+
+int64_t DepthwiseMmaWgradSplits(const ConvParams& p, DT in) {
+  WgradPlan pl;
+  return WgradPlanOf(p, in, &pl) ? pl.a.splits : 0;
+}
+
+cudaError_t DepthwiseMmaWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
+                              void* scratch, int64_t splits, cudaStream_t s, bool* launched) {
+  *launched = false;
+  WgradPlan pl;
+  if (DeviceArch() < 80 || !IsF32AccPair(in, out) || !WgradPlanOf(p, in, &pl) || !Aligned16(x) || !Aligned16(dy) ||
+      (splits > 1 && scratch == nullptr)) {
+    return cudaSuccess;
+  }
+  DwMmaWgradArgs& a = pl.a;
+  a.splits = static_cast<int>(std::clamp<int64_t>(splits, 1, 1024));  // the caller's workspace holds its splits
+  *launched = true;
+  const cudaError_t e = WithF32AccTypes(in, out, [&](auto ti, auto to) -> cudaError_t {
+    using T = decltype(ti);
+    using TO = decltype(to);
+    if constexpr (std::is_same_v<T, float>) {
+      return cudaSuccess;  // not reached: 16-bit inputs only
+    } else {
+      const auto kern = DwMmaWgradKernel<T, TO>;
+      if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
+      kern<<<static_cast<unsigned>(static_cast<int64_t>(a.ctiles) * a.splits), kWgThreads, pl.smem, s>>>(
+          a, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<TO*>(dw), static_cast<float*>(scratch));
+      return cudaGetLastError();
+    }
+  });
+  if (e != cudaSuccess || a.splits == 1) return e;
+  return ReduceSplits(in, out, scratch, a.splits, WElements(p), dw, s);
 }
 
 }  // namespace cuda

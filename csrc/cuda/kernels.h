@@ -77,13 +77,16 @@ cudaError_t DepthwiseTmaFwd(const ConvParams& p, DT in, DT out, const void* x, c
 cudaError_t DepthwiseTmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched);
 
-// depthwise_mma.cu: the tensor-core 7x7 forward and unit-stride data gradient (channels-last 2-D, unit strides,
-// 16-bit data, c a multiple of 8, sm_80+); DepthwiseFwd / DepthwiseDgrad try it after the TMA kernel.
-// *launched false: not taken.
+// depthwise_mma.cu: the tensor-core 7x7 forward, unit-stride data gradient and filter gradient (channels-last 2-D,
+// unit strides, 16-bit data, c a multiple of 8, sm_80+); DepthwiseFwd / DepthwiseDgrad try it after the TMA kernel,
+// DepthwiseWgrad first. *launched false: not taken. DepthwiseMmaWgradSplits: 0 when it does not take the problem.
 cudaError_t DepthwiseMmaFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched);
 cudaError_t DepthwiseMmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched);
+int64_t DepthwiseMmaWgradSplits(const ConvParams& p, DT in);
+cudaError_t DepthwiseMmaWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
+                              void* scratch, int64_t splits, cudaStream_t s, bool* launched);
 
 // ---- conv1d_long.cu: one spatial dim, stride/dilations 1, few channels, long window ----
 cudaError_t Long1DFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
