@@ -1114,8 +1114,10 @@ cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, c
 }
 
 int64_t DepthwiseWgradSplits(const ConvParams& p, DT in) {
-  if (const int64_t mma = DepthwiseMmaWgradSplits(p, in); mma > 0) return mma;
-  if (const int64_t reg = DepthwiseRegWgradSplits(p, in); reg > 0) return reg;
+  // The kernels DepthwiseWgrad tries first, in its order (0: not taken).
+  for (auto* first : {DepthwiseMmaWgradSplits, DepthwiseRegWgradSplits}) {
+    if (const int64_t splits = first(p, in); splits > 0) return splits;
+  }
   const VecWgradPlan pl = PlanVecWgrad(p, in);
   if (pl.ok) return pl.splits;  // also what the older kernel gets if the pointers turn out misaligned
   const DwWgradArgs g = MakeDwWgradArgs(p);
@@ -1134,14 +1136,9 @@ cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, co
                            int64_t splits, cudaStream_t s) {
   if (WElements(p) <= 0) return cudaSuccess;
   splits = splits < 1 ? 1 : splits;
-  {
+  for (auto* first : {DepthwiseMmaWgrad, DepthwiseRegWgrad}) {
     bool launched = false;
-    const cudaError_t e = DepthwiseMmaWgrad(p, in, out, x, dy, dw, scratch, splits, s, &launched);
-    if (e != cudaSuccess || launched) return e;
-  }
-  {
-    bool launched = false;
-    const cudaError_t e = DepthwiseRegWgrad(p, in, out, x, dy, dw, scratch, splits, s, &launched);
+    const cudaError_t e = first(p, in, out, x, dy, dw, scratch, splits, s, &launched);
     if (e != cudaSuccess || launched) return e;
   }
   {
