@@ -1,7 +1,7 @@
-// Depthwise 7x7 forward (and its unit-stride data gradient) on tensor cores: channels-last 2-D (a 3-D problem whose D
-// window is 1 folds D into the batch), bfloat16 / float16 in, float32 accumulation, stride 1, no dilation, c a
-// multiple of 8. DepthwiseFwd / DepthwiseDgrad try it after the Hopper 3x3 kernel and before the register stencil
-// (depthwise_reg.cu).
+// Depthwise 7x7 forward, unit-stride data gradient and (below, "the filter gradient") filter gradient on tensor
+// cores: channels-last 2-D (a 3-D problem whose D window is 1 folds D into the batch), bfloat16 / float16 in, float32
+// accumulation, stride 1, no dilation, c a multiple of 8. DepthwiseFwd / DepthwiseDgrad try it after the Hopper 3x3
+// kernel and before the register stencil (depthwise_reg.cu), DepthwiseWgrad first.
 //
 // Why: the register stencil spends an FFMA per output and tap; on ConvNeXt's 7x7 layer (56^2 x 96, b32, H200, run
 // 251) it took 48.7 us, 3.0x its FP32-FMA floor. A window row is a Toeplitz matrix product,
@@ -325,13 +325,26 @@ __global__ void __launch_bounds__(kThreads) DwMmaKernel(const DwMmaArgs g, const
 // vectors); the data gradient as the flipped forward, the filter gradient in the forward's geometry.
 constexpr int kK = 7;
 
-bool MakeMmaProblem(const ConvParams& p, CudaOp op, DwPlane* tp) {
+bool MakeMmaProblem(const ConvParams& p, CudaOp op, DT in, DwPlane* tp) {
   DwPlane t;
-  if (!DwPlaneOf(p, op, &t)) return false;
+  if ((in != DT::kBF16 && in != DT::kF16) || !DwPlaneOf(p, op, &t)) return false;
   if (t.kh != kK || t.kw != kK || t.sh != 1 || t.sw != 1 || t.c % 8 != 0) return false;
   if (op == CudaOp::kDgrad && !t.flip) return false;
   *tp = t;
   return true;
+}
+
+// WithF32AccTypes for the 16-bit inputs only: f(T(), TO()) is not instantiated for float32 inputs, which no caller
+// passes (MakeMmaProblem takes 16-bit data only).
+template <class F>
+cudaError_t With16BitTypes(DT in, DT out, F&& f) {
+  return WithF32AccTypes(in, out, [&](auto ti, auto to) -> cudaError_t {
+    if constexpr (std::is_same_v<decltype(ti), float>) {
+      return cudaSuccess;  // not reached
+    } else {
+      return f(ti, to);
+    }
+  });
 }
 
 // Tile shape: nimg images x ri row groups x xj column blocks. Among those whose shared memory fits two blocks per SM,
@@ -414,19 +427,13 @@ cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, 
                 void* dst, cudaStream_t s, bool* launched) {
   *launched = false;
   DwPlane t;
-  if (DeviceArch() < 80 || (in != DT::kBF16 && in != DT::kF16) || !IsF32AccPair(in, out) ||
-      !MakeMmaProblem(p, op, &t) || !Aligned16(src) || !Aligned16(dst)) {
+  if (DeviceArch() < 80 || !IsF32AccPair(in, out) || !MakeMmaProblem(p, op, in, &t) || !Aligned16(src) ||
+      !Aligned16(dst)) {
     return cudaSuccess;
   }
   const int act = op == CudaOp::kFwd ? static_cast<int>(p.activation[0]) : kActNone;
-  return WithF32AccTypes(in, out, [&](auto ti, auto to) -> cudaError_t {
-    using T = decltype(ti);
-    using TO = decltype(to);
-    if constexpr (std::is_same_v<T, float>) {
-      return cudaSuccess;  // not reached: 16-bit inputs only
-    } else {
-      return Launch<T, TO>(t, act, bias != nullptr, src, w, bias, dst, s, launched);
-    }
+  return With16BitTypes(in, out, [&](auto ti, auto to) {
+    return Launch<decltype(ti), decltype(to)>(t, act, bias != nullptr, src, w, bias, dst, s, launched);
   });
 }
 
@@ -622,8 +629,7 @@ bool MakeWgradPlan(const DwPlane& t, WgradPlan* out) {
 // with it), cotangent rows at least kWgMinCols wide.
 bool WgradPlanOf(const ConvParams& p, DT in, WgradPlan* pl) {
   DwPlane t;
-  if ((in != DT::kBF16 && in != DT::kF16) || !MakeMmaProblem(p, CudaOp::kWgrad, &t) || t.dst_cols < kWgMinCols ||
-      !MakeWgradPlan(t, pl)) {
+  if (!MakeMmaProblem(p, CudaOp::kWgrad, in, &t) || t.dst_cols < kWgMinCols || !MakeWgradPlan(t, pl)) {
     return false;
   }
   DwMmaWgradArgs& a = pl->a;
@@ -664,18 +670,14 @@ cudaError_t DepthwiseMmaWgrad(const ConvParams& p, DT in, DT out, const void* x,
   DwMmaWgradArgs& a = pl.a;
   a.splits = static_cast<int>(std::clamp<int64_t>(splits, 1, 1024));  // the caller's workspace holds its splits
   *launched = true;
-  const cudaError_t e = WithF32AccTypes(in, out, [&](auto ti, auto to) -> cudaError_t {
+  const cudaError_t e = With16BitTypes(in, out, [&](auto ti, auto to) {
     using T = decltype(ti);
     using TO = decltype(to);
-    if constexpr (std::is_same_v<T, float>) {
-      return cudaSuccess;  // not reached: 16-bit inputs only
-    } else {
-      const auto kern = DwMmaWgradKernel<T, TO>;
-      if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
-      kern<<<static_cast<unsigned>(static_cast<int64_t>(a.ctiles) * a.splits), kWgThreads, pl.smem, s>>>(
-          a, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<TO*>(dw), static_cast<float*>(scratch));
-      return cudaGetLastError();
-    }
+    const auto kern = DwMmaWgradKernel<T, TO>;
+    if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
+    kern<<<static_cast<unsigned>(static_cast<int64_t>(a.ctiles) * a.splits), kWgThreads, pl.smem, s>>>(
+        a, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<TO*>(dw), static_cast<float*>(scratch));
+    return cudaGetLastError();
   });
   if (e != cudaSuccess || a.splits == 1) return e;
   return ReduceSplits(in, out, scratch, a.splits, WElements(p), dw, s);
