@@ -421,13 +421,16 @@ DwRowArgs MakeWgradArgs(const ConvParams& p, const RowProblem& rp) {
   return a;
 }
 
-// Splits of the filter gradient (a function of the problem: they fix the workspace): about two blocks per SM for
-// the 3x3 blocks, four for the wide ones (the settings runs 129 and 132 measured), each slot with at least 4 items,
-// partials within 512 MiB.
+// Splits of the filter gradient (a function of the problem: they fix the workspace): at most two blocks per SM for
+// the 3x3 blocks, four (two waves) for the wide ones (the settings runs 129 and 132 measured), each slot with at
+// least 4 items, partials within 512 MiB.
 int64_t WgradSplits(const ConvParams& p, const RowProblem& rp) {
   const DwRowArgs a = MakeWgradArgs(p, rp);
   const int64_t base = CeilDiv(a.vecs, a.vb) * CeilDiv(a.kh, WgradRows(rp));
-  int64_t splits = CeilDiv((WgradRows(rp) == 3 ? 2 : 4) * kPlanSms, base);
+  // Rounded down: every variant takes 88-128 registers, so two blocks fit on an SM, and rounding up had put a few
+  // blocks into a wave of their own (MobileNetV2 56^2 x 144: 270 blocks for 264 places; its bf16 kernel 68 -> 42 us,
+  // ConvNeXt 7x7 float32 108 -> 87, run 288).
+  int64_t splits = std::max<int64_t>(1, (WgradRows(rp) == 3 ? 2 : 4) * kPlanSms / base);
   splits = std::min<int64_t>(splits, a.items / (4 * a.ns));
   splits = std::min<int64_t>(splits, 1024);
   splits = std::min<int64_t>(splits, (int64_t(1) << 27) / std::max<int64_t>(1, WElements(p)));
