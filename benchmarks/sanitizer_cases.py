@@ -39,6 +39,8 @@ CASES = [
     # ... packed remainder tiles: 80 = 2 x 32 + 16 over an odd batch, and 8 channels in groups of 4 images
     ("depthwise tma 3x3 c80 packed", 2, (47, 20, 28, 80), (3, 3), 80, 80, (1, 1), (1, 1), "SAME", "depthwise"),
     ("depthwise tma 3x3 c8 packed", 2, (255, 20, 28, 8), (3, 3), 8, 8, (1, 1), (1, 1), "SAME", "depthwise"),
+    # ... whole-pixel tiles (56 = 32 + 24 channels in one box row) over many tiles
+    ("depthwise tma 3x3 c56 whole", 2, (64, 20, 28, 56), (3, 3), 56, 56, (1, 1), (1, 1), "SAME", "depthwise"),
     ("depthwise cl 2d strided", 2, (1, 21, 18, 16), (3, 3), 16, 16, (2, 2), (1, 1), "SAME", "depthwise"),
     ("depthwise reg s2 up", 2, (2, 15, 13, 24), (3, 3), 24, 24, (2, 2), (1, 1), ((1, 0), (1, 1)), "depthwise"),
     ("depthwise reg 5x5 s2 up", 2, (1, 14, 17, 12), (5, 5), 12, 12, (2, 2), (1, 1), ((2, 2), (1, 2)), "depthwise"),

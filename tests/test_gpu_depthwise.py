@@ -59,11 +59,11 @@ CASES = {
     "1d_k3_c12": ((3, 50, 12), (3,), (1,), ((1, 1),), (1,)),
     "3x3_c264": ((1, 7, 9, 264), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "3d_1x3x3_s2": ((2, 3, 9, 11, 8), (1, 3, 3), (1, 2, 2), ((0, 0), (1, 1), (1, 1)), (1, 1, 1)),
-    # the Hopper TMA 3x3 kernel (depthwise_tma_sm90.cu): C = 40 = 32 + 8 over 3 images (the 8 packed, below), one
-    # partial 32-channel tile alone (C = 24) and after a whole one (C = 56), 48-channel tiles (C = 48 at unit stride
-    # and C = 48 / 144 at stride 2), several column tiles with a partial last one, stride 2 on odd sizes with
-    # asymmetric pads, pads of 2 and 0 (negative box origins on one side, none on the other; the unit-stride data
-    # gradient's pads 0 and 2)
+    # the Hopper TMA 3x3 kernel (depthwise_tma_sm90.cu): C = 40 = 32 + 8 over 3 images (the 8 packed, below),
+    # whole-pixel tiles where 32-channel tiles would leave a partial one (C = 24 and 56, 6 and 14 channel vectors),
+    # 48-channel tiles (C = 48 at unit stride and C = 48 / 144 at stride 2), several column tiles with a partial last
+    # one, stride 2 on odd sizes with asymmetric pads, pads of 2 and 0 (negative box origins on one side, none on the
+    # other; the unit-stride data gradient's pads 0 and 2)
     "3x3_tma_tiles": ((3, 37, 131, 40), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "3x3_tma_c24": ((2, 17, 45, 24), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
     "3x3_tma_c56": ((2, 15, 21, 56), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
@@ -141,7 +141,7 @@ def test_depthwise_fwd_dgrad_wgrad(name, dtype, rng):
 
 
 EPILOGUE = ["3x3_s1_13x17", "3x3_s2_odd", "1d_causal_k4_c256", "7x7_c144", "31x31_28", "3x3_c264", "3x3_tma_tiles",
-            "3x3_tma_s2", "7x7_mma_c24_b3", "7x7_mma_pads"]
+            "3x3_tma_s2", "3x3_tma_c56", "7x7_mma_c24_b3", "7x7_mma_pads"]
 ACTS = [None, "relu", "gelu", "silu"]
 OUT_DTYPES = [("float32", None), ("bfloat16", None), ("bfloat16", "float32"), ("float16", "float32")]
 

@@ -10,11 +10,11 @@
 // memory, `stages` tiles ahead of the compute: the padding is the box's out-of-bounds fill (zeros), no thread
 // computes a global address or waits per load, and the compute loop has no predicates.
 //
-// Block = one channel tile (CB = 32 or 48 channels; or, for some remainders of 4, 8 or 16 channels, that remainder of
-// CB / rem consecutive images) x a persistent sequence of spatial tiles (tile_rows x tile_cols destination pixels of
-// one image or image group; BlockRole, TileCursor). Item = (4 channels, kTh x kP destination pixels); consumer
-// thread = one item of every tile (its channel vector's 9 filter taps in shared memory) which, per source row, reads
-// its L source columns from shared memory once for up to kTh x kP x 3 FMAs.
+// Block = one channel tile (CB = 32 or 48 channels, or whole pixels of up to 256 channels; or, for some remainders of
+// 4, 8 or 16 channels, that remainder of CB / rem consecutive images) x a persistent sequence of spatial tiles
+// (tile_rows x tile_cols destination pixels of one image or image group; BlockRole, TileCursor). Item = (4 channels,
+// kTh x kP destination pixels); consumer thread = one item of every tile (its channel vector's 9 filter taps in shared
+// memory) which, per source row, reads its L source columns from shared memory once for up to kTh x kP x 3 FMAs.
 // Pipeline (warp-specialised): a full (transaction) and an empty barrier per buffer; one lane of the last warp
 // issues the boxes, each as soon as every consumer warp has released the buffer's previous tile, so consumer warps
 // never wait on each other. The outputs go from registers to global memory (8- or 16-byte stores per pixel).
@@ -76,6 +76,7 @@ struct DwTmaArgs {
   // Blocks: gf per whole-image channel tile (cf of them, the last maybe partial), then gp for the packed remainder
   // tiles (Launch): its rem channels (4, 8 or 16) of pack = kCb / rem consecutive images share one box.
   int n, cf, gf, gp, rem, pack, pack_tiles;
+  int cb;                     // channels per tile: the kernel's CB, or c (CB == 0: whole pixels)
 };
 
 // A block's channel tile and its share of that tile's spatial tiles (block bx of blocks, each taking every
@@ -94,9 +95,8 @@ struct BlockRole {
   }
   // Channel vector vv's first channel and its image within the group (0 unless packed); the box holds, per pixel,
   // pack runs of rem channels, so vector vv covers elements vv * kVc... of a kCb-element pixel.
-  template <int CB>
-  __device__ int Channel(const DwTmaArgs& g, int vv) const {
-    return packed ? g.c - g.rem + vv * kVc % g.rem : ctile * CB + vv * kVc;
+  __device__ int Channel(const DwTmaArgs& g, int vv, int cb) const {
+    return packed ? g.c - g.rem + vv * kVc % g.rem : ctile * cb + vv * kVc;
   }
   __device__ int Image(const DwTmaArgs& g, int vv) const { return packed ? vv * kVc / g.rem : 0; }
 };
@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + g.stages * g.stage_bytes);
   uint64_t* empty = full + kMaxStages;
   float4* fsm = reinterpret_cast<float4*>(empty + kMaxStages);  // the filter slice, [tap][vt]
+  const int cb = CB ? CB : g.cb;  // CB == 0: whole pixels (cb = c)
   const int items = g.vt * g.strips * g.row_groups;
   const int cwarps = (items + 31) / 32;  // consumer warps; warp cwarps is the producer
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
 
   for (int i = threadIdx.x; i < kK * kK * g.vt; i += blockDim.x) {
     const int tap = i / g.vt, vv = i - tap * g.vt;
-    const int ch = role.Channel<CB>(g, vv);
+    const int ch = role.Channel(g, vv, cb);
     float f[kVc] = {0.f, 0.f, 0.f, 0.f};
     if (ch < g.c) LdGlobalAcc<T, float, kVc>(w + static_cast<int64_t>(g.flip ? kK * kK - 1 - tap : tap) * g.c + ch, f);
     fsm[i] = make_float4(f[0], f[1], f[2], f[3]);
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
         if (role.packed) {  // (channel, image, column, row): see EncodeSource
           cute::SM90_TMA_LOAD_4D::copy(map, &full[cur.s], kHint, buf, g.c - g.rem, cur.n * role.pack, x, y);
         } else {
-          cute::SM90_TMA_LOAD_4D::copy(map, &full[cur.s], kHint, buf, role.ctile * CB, x, y, cur.n);
+          cute::SM90_TMA_LOAD_4D::copy(map, &full[cur.s], kHint, buf, role.ctile * cb, x, y, cur.n);
         }
       }
     }
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   const bool active = threadIdx.x < items;
   const int rest = threadIdx.x / g.vt;
   const int strip = rest % g.strips, rg = rest / g.strips;
-  const int ch = role.Channel<CB>(g, v), img = role.Image(g, v);
+  const int ch = role.Channel(g, v, cb), img = role.Image(g, v);
   const bool live = active && ch < g.c;  // the last channel tile may be partial (its box reads zeros past c)
   float b[kVc] = {0.f, 0.f, 0.f, 0.f};
   if (live && g.has_bias) {
@@ -201,8 +202,8 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
                                             : ToAcc(static_cast<const T*>(bias)[ch + i]);
     }
   }
-  const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * CB + v * kVc;  // elements into the box
-  const int row_elems = g.box_cols * CB;
+  const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * cb + v * kVc;  // elements into the box
+  const int row_elems = g.box_cols * cb;
   const float4* wv = fsm + v;
   for (TileCursor cur(g, role); cur.valid(); cur.next(g)) {
     float acc[kTh][kP][kVc];
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
         using Raw = std::conditional_t<sizeof(T) * kVc == 16, uint4, uint2>;
         Raw raw[L];
 #pragma unroll
-        for (int l = 0; l < L; ++l) raw[l] = *reinterpret_cast<const Raw*>(ib + m * row_elems + l * CB);
+        for (int l = 0; l < L; ++l) raw[l] = *reinterpret_cast<const Raw*>(ib + m * row_elems + l * cb);
         float sv[L][kVc];
         UnpackVectors<T>(raw, sv);
 #pragma unroll
@@ -295,6 +296,7 @@ struct TmaPlan {
   DwTmaArgs a{};
   int threads = 0;
   size_t smem = 0;
+  double cost = 0.0;  // box pixels per destination pixel (times S^2)
 };
 
 TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
@@ -324,6 +326,7 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
     }
   }
   TmaPlan pl;
+  pl.cost = best_cost;
   DwTmaArgs& a = pl.a;
   a.dst_rows = static_cast<int>(t.dst_rows);
   a.dst_cols = static_cast<int>(t.dst_cols);
@@ -345,6 +348,7 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
   a.org_w = static_cast<int>(-t.pw);
   a.flip = t.flip;
   a.dst_img = t.dst_rows * t.dst_cols * t.c;
+  a.cb = cb;
   pl.threads = static_cast<int>(CeilDiv(vt * a.strips * a.row_groups, 32) * 32 + 32);  // consumers + producer warp
   pl.smem = static_cast<size_t>(a.stages) * a.stage_bytes + 2 * kMaxStages * sizeof(uint64_t) +
             kK * kK * vt * sizeof(float4);
@@ -414,7 +418,7 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* 
   // channels 10.2 / 10.6 against 11.0 / 12.6; but at unit stride 144 channels took 24.8 / 35.5 against 23.6 / 35.0
   // and 28^2 240 channels 11.6 / 15.4 against 11.0 / 15.5 (more halo per output: 12 channel vectors leave room for
   // at most 18 pixel items in a tile). Where 32 also divides c, stride 2 was mixed (run 247: 112^2 x 96 slower).
-  const int cb = t.c % kCb != 0 && t.c % kCb48 == 0 && (t.sh == 2 || t.c == kCb48) ? kCb48 : kCb;
+  int cb = t.c % kCb != 0 && t.c % kCb48 == 0 && (t.sh == 2 || t.c == kCb48) ? kCb48 : kCb;
   // A remainder that divides the tile, over more than one image, after at most two whole tiles takes the packed
   // tile (ShareBlocks). H200, run 250 (56^2 b32 unless named, bf16 / float32 HIGHEST fwd us, packed against not):
   // 40 channels 11.2 / 11.3 against 12.7 / 11.4, 80 channels 13.1 / 20.8 against 14.5 / 22.2 (run 249: 16 channels
@@ -425,6 +429,27 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* 
   const bool packed = cb == kCb && t.n > 1 && t.c / kCb <= 2 &&
                       (rem == 4 || rem == 8 || rem == 16) && rem * sizeof(T) % 16 == 0;
   TmaPlan pl = MakePlan(t, sizeof(T), cb);
+  // Whole pixels (one channel tile of c <= 256 channels; each box row one contiguous run, each source byte read by one
+  // block) where the channel tiles would leave a partial last one: the partial tile costs as much as a full one, and
+  // the tiles' blocks read parts of the same 128-byte lines at different times (at 112^2 x 144, beyond L2, the
+  // 32-channel tiles moved 2.3 TB/s and whole pixels 3.4). But a whole-pixel tile is fewer pixels (at most 224 items
+  // of c / 4 channel vectors), so more halo per output: taken where it reads at most 1.1x the box pixels per output
+  // of the channel tiles, or at most 1.35x when the source (16 MiB or more) does not stay in L2 between the tiles'
+  // blocks. H200, run 295 (fwd us, whole / 32-channel tiles; bf16, float32 HIGHEST): 32 x 56^2 x 144 (1.33x the box
+  // pixels) 22.1 / 23.7, 33.7 / 35.3; 136 channels 22.9 / 30.2, 32.3 / 36.3; 120 (1.28x) 19.5 / 23.0, 29.4 / 31.0;
+  // 56 (1.07x) 12.1 / 13.2, 12.5 / 16.3; 24 (1.0x) 7.7 / 8.1, 7.9 / 8.1; 32 x 112^2 x 144 (1.32x) 67.2 / 102.4,
+  // 128 / 175; but 32 x 28^2 x 144 (1.31x; 7.2 and 14.4 MB) 9.2 / 8.5, 9.7 / 8.9 and 1 x 56^2 x 144 4.0 / 3.8,
+  // 4.3 / 3.9.
+  bool whole = false;
+  if (t.c % cb != 0 && t.c <= 256 && !packed) {
+    const TmaPlan wp = MakePlan(t, sizeof(T), static_cast<int>(t.c));
+    const double src_bytes = static_cast<double>(t.n * t.src_rows * t.src_cols * t.c) * sizeof(T);
+    const double halo = wp.cost / pl.cost;
+    const bool beyond_l2 = src_bytes >= 16.0 * (1 << 20);
+    if (wp.a.vt * wp.a.strips * wp.a.row_groups >= 128 && (halo <= 1.1 || (halo <= 1.35 && beyond_l2))) {
+      pl = wp, whole = true, cb = static_cast<int>(t.c);
+    }
+  }
   DwTmaArgs& a = pl.a;
   a.act = act;
   a.has_bias = has_bias;
@@ -450,6 +475,7 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* 
                                                                   static_cast<TO*>(dst));
     return cudaGetLastError();
   };
+  if (whole) return t.sh == 1 ? go(DwTmaKernel<T, TO, 1, 0>) : go(DwTmaKernel<T, TO, 2, 0>);
   if (cb == kCb48) return t.sh == 1 ? go(DwTmaKernel<T, TO, 1, kCb48>) : go(DwTmaKernel<T, TO, 2, kCb48>);
   return t.sh == 1 ? go(DwTmaKernel<T, TO, 1, kCb>) : go(DwTmaKernel<T, TO, 2, kCb>);
 }
