@@ -66,8 +66,8 @@ struct DwTmaArgs {
   int tile_rows, tile_cols;   // destination pixels per tile: row_groups * kTh x strips * kP
   int row_tiles, col_tiles;   // tiles per image
   int tiles;                  // images * row_tiles * col_tiles
-  int vt, strips, row_groups;  // per tile: channel vectors (CB / kVc), kP-column strips, kTh-row groups
-  int box_cols, box_rows;     // the source box (its rows are box_cols * CB elements apart in shared memory)
+  int vt, strips, row_groups;  // per tile: channel vectors (cb / kVc), kP-column strips, kTh-row groups
+  int box_cols, box_rows;     // the source box (its rows are box_cols * cb elements apart in shared memory)
   int org_h, org_w;           // the source coordinates of destination (0, 0)'s window (minus the pads)
   int stages;
   unsigned box_bytes, stage_bytes;  // stage_bytes: box_bytes rounded up to 128 (the TMA destination's alignment)
