@@ -128,6 +128,16 @@ struct TileCursor {
   }
 };
 
+// p + i elements for an unsigned 32-bit i, by PTX mad.wide.u32 (two SASS instructions): left to itself nvcc adds i to
+// the 64-bit element offset p was made from and scales the sum, four instructions per store.
+template <class U> __device__ __forceinline__ U* OffsetU32(U* p, uint32_t i) {
+  uint64_t r;
+  asm("mad.wide.u32 %0, %1, %2, %3;"
+      : "=l"(r)
+      : "r"(i), "r"(static_cast<uint32_t>(sizeof(U))), "l"(reinterpret_cast<uint64_t>(p)));
+  return reinterpret_cast<U*>(r);
+}
+
 // Launch bounds: two blocks per SM (at most 128 registers). Capped for three, 80 registers spilled and the 56^2 bf16
 // forward took 28.0 us instead of 23.5 (run 215); uncapped, the stride-2 kernels took 135-147 registers and the
 // stride-2 bf16 forward 34.3 us instead of 29.3 (runs 216, 215).
@@ -205,14 +215,14 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * cb + v * kVc;  // elements into the box
   const int row_elems = g.box_cols * cb;
   const float4* wv = fsm + v;
+  // Instructions count here (ncu, run 302, MobileNetV2 56^2 bf16 forward: 714 warp instructions per consumer warp and
+  // tile for 288 FFMA; 40 % of the stall samples were issue-slot waits, selected or not selected). So the bias is the
+  // first FMA's addend (it had cost 32 moves per tile), whole items store without per-pixel checks, and each store
+  // address is one 32-bit offset from a per-tile pointer.
+  // Destination offsets: rows kTh apart by row_c elements, pixels by c, within a destination image (< 2^31).
+  const int row_c = g.dst_cols * g.c;
   for (TileCursor cur(g, role); cur.valid(); cur.next(g)) {
-    float acc[kTh][kP][kVc];
-#pragma unroll
-    for (int j = 0; j < kTh; ++j)
-#pragma unroll
-      for (int p = 0; p < kP; ++p)
-#pragma unroll
-        for (int i = 0; i < kVc; ++i) acc[j][p][i] = b[i];
+    float acc[kTh][kP][kVc];  // each starts as its first product plus the bias (no separate initialisation)
     Full::wait(&full[cur.s], cur.phase);
     if (active) {
       const T* ib = reinterpret_cast<const T*>(smem + cur.s * g.stage_bytes) + ioff;
@@ -233,10 +243,13 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
           for (int t = 0; t < kK; ++t) {
             const float4 f4 = wv[(r * kK + t) * g.vt];
             const float f[kVc] = {f4.x, f4.y, f4.z, f4.w};
+            const bool first = r == 0 && t == 0;  // known at compile time once unrolled
 #pragma unroll
             for (int p = 0; p < kP; ++p)
 #pragma unroll
-              for (int i = 0; i < kVc; ++i) acc[j][p][i] = fmaf(f[i], sv[p * S + t][i], acc[j][p][i]);
+              for (int i = 0; i < kVc; ++i) {
+                acc[j][p][i] = fmaf(f[i], sv[p * S + t][i], first ? b[i] : acc[j][p][i]);
+              }
           }
         }
       }
@@ -246,23 +259,31 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
     const int n = cur.n * role.pack + img;  // the last group of packed images may be short (zeros read)
     if (live && n < g.n) {
       const int y0 = cur.tr * g.tile_rows + rg * kTh, x0 = cur.tc * g.tile_cols + strip * kP;
-      TO* d = dst + n * g.dst_img + (y0 * g.dst_cols + x0) * g.c + ch;
-      const bool whole = y0 + kTh <= g.dst_rows && x0 + kP <= g.dst_cols;
-      const auto store = [&](auto act_c) {
+      TO* d = dst + n * g.dst_img + ch;
+      const int o = (y0 * g.dst_cols + x0) * g.c;
+      // Whole items (all but the image's last row or column tile) store without per-pixel checks.
+      const auto store = [&](auto act_c, auto whole_c) {
         constexpr int kAct = decltype(act_c)::value;
 #pragma unroll
         for (int j = 0; j < kTh; ++j) {
 #pragma unroll
           for (int p = 0; p < kP; ++p) {
-            if (!whole && (y0 + j >= g.dst_rows || x0 + p >= g.dst_cols)) continue;
-            float o[kVc];
+            if (!decltype(whole_c)::value && (y0 + j >= g.dst_rows || x0 + p >= g.dst_cols)) continue;
+            float out[kVc];
 #pragma unroll
-            for (int i = 0; i < kVc; ++i) o[i] = Activate(acc[j][p][i], kAct);
-            StGlobal<TO, float, kVc>(d + (j * g.dst_cols + p) * g.c, o);
+            for (int i = 0; i < kVc; ++i) out[i] = Activate(acc[j][p][i], kAct);
+            StGlobal<TO, float, kVc>(OffsetU32(d, o + j * row_c + p * g.c), out);
           }
         }
       };
-      WithActivation(g.act, store);
+      const bool whole = y0 + kTh <= g.dst_rows && x0 + kP <= g.dst_cols;
+      WithActivation(g.act, [&](auto act_c) {
+        if (whole) {
+          store(act_c, std::true_type{});
+        } else {
+          store(act_c, std::false_type{});
+        }
+      });
     }
   }
 }
