@@ -218,10 +218,12 @@ def test_small_4to4_mma_nonfinite_reaches_only_its_windows(dtype, rng):
 
 
 # The tensor-core filter gradient (16-bit 4 -> 4) multiplies source pixels in the padding (zeros) by dy, and source
-# rows whose dy row lies outside the image by zeros: an inf or NaN of the source must reach exactly the filter
-# entries that hold a product of it (the sum of the real products, built here term by term in float64).
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_small_4to4_mma_wgrad_nonfinite_reaches_only_its_entries(dtype, rng):
+# rows whose dy row lies outside the image by zeros; the float32 (FMA) one multiplies a clamped source column for taps
+# past the row's edge and zeroes those taps' sums afterwards. Either way an inf or NaN of the source must reach
+# exactly the filter entries that hold a product of it (the sum of the real products, built here term by term in
+# float64).
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_small_4to4_wgrad_nonfinite_reaches_only_its_entries(dtype, rng):
   shape = (2, 23, 70, 4)
   conv = functools.partial(jaxconv.conv2d, padding="SAME", algorithm="small", precision="highest")
   x, ct, w = cu.randn(rng, shape, dtype), cu.randn(rng, shape, dtype), cu.randn(rng, (3, 3, 4, 4), dtype)
