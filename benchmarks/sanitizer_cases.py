@@ -78,6 +78,9 @@ CASES = [
     ("auto 2d", 2, (2, 12, 12, 3), (3, 3), 16, 1, (1, 1), (2, 2), "SAME", "auto"),
     # tensor cores: bf16 reaches the Hopper kernels, float32 HIGHEST the mma.sync 3xTF32 ones
     ("igemm 2d", 2, (2, 13, 11, 16), (3, 3), 24, 1, (1, 1), (1, 1), "SAME", "implicit_gemm"),
+    # float32 HIGHEST on few tiles: the mma.sync forward (bias, gelu) and data gradient split over the reduced
+    # channels into f32 slices (9 and 2 slices, the last of each partial), reduced with the epilogue
+    ("igemm 3xtf32 split", 2, (1, 11, 13, 132), (3, 3), 24, 1, (1, 1), (1, 1), ((1, 0), (2, 1)), "implicit_gemm"),
     ("igemm sm80 strided", 2, (2, 15, 14, 8), (3, 3), 16, 1, (2, 2), (1, 1), ((1, 0), (1, 1)),
      "implicit_gemm_sm80"),
     ("igemm first layer c3", 2, (2, 23, 21, 3), (7, 7), 64, 1, (2, 2), (1, 1), ((3, 3), (3, 3)), "implicit_gemm"),

@@ -113,6 +113,15 @@ CASES = {
     # 144 k tiles (18 splits; a partial M tile of 98 rows); k264_c136 above splits 5 ways (fwd) and 9 ways (dgrad)
     # with partial channel tiles; bf16/f16 run these unsplit.
     "split_res5_7x7": ((2, 7, 7, 512), (3, 3), "SAME", (1, 1), (1, 1), 512),
+    # The mma.sync 3xTF32 forward and unit-stride data gradient (float32 HIGHEST) on at most 66 128x128 tiles, split
+    # over the reduced channels 16 at a time: a batch-1 bottleneck 3x3 (2 tiles, 8 slices of one chunk each); c = 132
+    # (fwd: 9 slices, the last chunk 4 channels wide) and k = 24 (dgrad: 2 slices, the second 8 wide) with asymmetric
+    # pads; 50 tiles (fwd: 5 slices dealt 9 chunks, the last slice's second step past c); dilation with asymmetric
+    # pads (fwd 4, dgrad 3 slices). The cases above with few tiles split too; 3xTF32 filter gradients by the same plan.
+    "split_bottleneck_b1": ((1, 14, 14, 128), (3, 3), "SAME", (1, 1), (1, 1), 128),
+    "split_c132_k24": ((1, 11, 13, 132), (3, 3), ((1, 0), (2, 1)), (1, 1), (1, 1), 24),
+    "split_uneven_c132": ((2, 50, 64, 132), (3, 3), "SAME", (1, 1), (1, 1), 24),
+    "split_dil2_asym": ((1, 17, 19, 64), (3, 3), ((2, 1), (1, 2)), (2, 2), (1, 1), 48),
     # The TF32 filter gradient as the Hopper large-window forward with batch and channels swapped (batch % 4 == 0;
     # a 1-D/2-D window of the output's extent, (out - 1) * stride < 129): k <= 64 (128x64 tiles), a stride (the
     # forward's dilation) with odd sizes, partial tiles (c * taps = 360 rows, k = 136) and 8 "channels" (the batch)
@@ -181,9 +190,12 @@ def test_igemm_tf32_is_tensor_core_math(algo, name, rng):
     assert exact[op] < tf32[op] / 10, (op, exact, tf32)
 
 
+@pytest.mark.parametrize("name", ["prime_asym_pad", "split_c132_k24"])
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
-def test_igemm_bias_activation(act, rng):
-  shape, win, padding, dil, stride, k = CASES["prime_asym_pad"]
+def test_igemm_bias_activation(act, name, rng):
+  """Float32 HIGHEST (3xTF32 on mma.sync) with bias and activation. Both grids are small enough for the forward to
+  split over the input channels (2 and 9 slices), so the reduction of the f32 partial sums applies the epilogue."""
+  shape, win, padding, dil, stride, k = CASES[name]
   x = cu.to_gpu(cu.randn(rng, shape, np.float32))
   w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), np.float32))
   b = cu.to_gpu(cu.randn(rng, (k,), np.float32))
@@ -277,14 +289,18 @@ def test_igemm_1x1_gemm_deterministic(dtype, rng):
     assert np.array_equal(np.asarray(dx1), np.asarray(dx2))
 
 
-def test_igemm_tf32_split_deterministic(rng):
-  """The TF32 forward and data gradient split over the reduction (f32 slices added in a fixed order) are bitwise
-  stable across reruns."""
-  shape, win, padding, dil, stride, k = CASES["split_res5_7x7"]
-  conv = functools.partial(jaxconv.conv2d, padding=padding, algorithm="implicit_gemm", precision="default")
+@pytest.mark.parametrize("name,precision,algo", [("split_res5_7x7", "default", "implicit_gemm"),
+                                                  ("split_bottleneck_b1", "highest", "implicit_gemm"),
+                                                  ("split_c132_k24", "highest", "implicit_gemm_sm80")])
+def test_igemm_f32_split_deterministic(name, precision, algo, rng):
+  """The float32 forward and data gradient split over the reduction (f32 slices added in a fixed order: the Hopper
+  TF32 forward, the mma.sync 3xTF32 kernels) are bitwise stable across reruns."""
+  shape, win, padding, dil, stride, k = CASES[name]
+  conv = functools.partial(jaxconv.conv2d, stride=stride, padding=padding, dilation=dil, algorithm=algo,
+                           precision=precision)
   x = cu.to_gpu(cu.randn(rng, shape, np.float32))
   w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), np.float32))
-  ct = cu.to_gpu(cu.randn(rng, (*shape[:-1], k), np.float32))
+  ct = cu.to_gpu(cu.randn(rng, jax.eval_shape(conv, x, w).shape, np.float32))
   def y_dx(x, w, ct):
     y, vjp = jax.vjp(lambda x: conv(x, w), x)
     return y, vjp(ct)[0]

@@ -360,9 +360,12 @@ __global__ void __launch_bounds__(kThreads, 1) WgradKernel(const WgradArgs g, co
   }
 }
 
-template <class TA, class TO>
+// kEpi: then y[e] = act(sum + bias[e % k]) (bias may be null), the epilogue of a forward split over its reduction.
+template <class TA, class TO, bool kEpi = false>
 __global__ void __launch_bounds__(kThreads) ReduceSplitsKernel(const TA* __restrict__ src, int64_t splits,
-                                                               int64_t count, TO* __restrict__ dst) {
+                                                               int64_t count, TO* __restrict__ dst,
+                                                               const TO* __restrict__ bias = nullptr, int64_t k = 1,
+                                                               int act = kActNone) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += step) {
     TA v = src[e];
@@ -377,6 +380,10 @@ __global__ void __launch_bounds__(kThreads) ReduceSplitsKernel(const TA* __restr
       for (int i = 0; i < 8; ++i) v += t[i];
     }
     for (; s < splits; ++s) v += src[s * count + e];
+    if constexpr (kEpi) {
+      if (bias != nullptr) v += ToAcc(bias[e % k]);
+      v = Activate(v, act);
+    }
     dst[e] = FromAcc<TO>(v);
   }
 }
@@ -442,6 +449,15 @@ cudaError_t ReduceSplits(DT in, DT out, const void* scratch, int64_t splits, int
   return cudaGetLastError()
   JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
 #undef JAXCONV_BODY
+}
+
+cudaError_t ReduceSplitsBiasAct(const float* scratch, int64_t splits, int64_t count, int64_t k, const float* bias,
+                                int64_t act, float* dst, cudaStream_t s) {
+  if (count <= 0) return cudaSuccess;
+  const unsigned grid = GridX(CeilDiv(count, kThreads) > 65536 ? 65536 : CeilDiv(count, kThreads));
+  ReduceSplitsKernel<float, float, true><<<grid, kThreads, 0, s>>>(scratch, splits, count, dst, bias, k,
+                                                                    static_cast<int>(act));
+  return cudaGetLastError();
 }
 
 cudaError_t DirectFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,

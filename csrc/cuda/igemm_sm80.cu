@@ -24,7 +24,7 @@
 //   * fprop: bias (out type, K elements, or null) and act (kActNone, kActRelu, kActGelu = tanh form,
 //     kActSilu) are all fused in the epilogue: y = act(acc + bias[k]) computed in f32, rounded once.
 //     dgrad and wgrad ignore bias and act, as igemm.h says.
-//   * a, b, out non-null; wgrad with split-K: workspace of IgemmSm80WorkspaceBytes (else cudaErrorInvalidValue).
+//   * a, b, out non-null; a split op: workspace of IgemmSm80WorkspaceBytes (else cudaErrorInvalidValue).
 //   * a, b, out, bias, workspace 16-byte aligned (128-bit vector accesses; XLA's buffers are).
 //   * compute capability >= 8.0: the caller checks (these kernels trap on older GPUs).
 //
@@ -43,9 +43,11 @@
 //          strided kernel at stride 1 is 10-25% slower than the unit-stride one, hence both.
 //   wgrad: Conv2dWgrad kOptimized, A = dy (K x NPQ), B = x (NPQ x RSC), D = dw (K x RSC), f32 out; parallel
 //          split-K into the workspace + ReduceSplits (direct.cu, fixed order: deterministic).
-// WORKSPACE (wgrad only; fprop/dgrad need none): splits * K * R * S * C * 4 bytes when splits > 1, else 0, with
+// WORKSPACE: wgrad: splits * K * R * S * C * 4 bytes when splits > 1, else 0, with (16-bit, TF32)
 //   splits = clamp(ceil(264 / tiles), 1, min(256, N*D*P*Q / 1024)), tiles = ceil(K / tm) * ceil(R*S*C / 128),
-//   tm = 64 for 16-bit K <= 64 (narrow), else 128. (264 = 2 CTAs on each of kPlanSms = 132 SMs.)
+//   tm = 64 for 16-bit K <= 64 (narrow), else 128 (264 = 2 CTAs on each of kPlanSms = 132 SMs), or (3xTF32) the
+//   wave model of Plan3xSplits. 3xTF32 fprop and unit-stride dgrad on at most 66 128x128 tiles: splits * (output
+//   elements) * 4 bytes when FwdSplits gives more than one; else 0.
 // Only 2-D CUTLASS kernels: the 3-D ones would double the instantiations (CI builds this file twice on two
 // cores), and CUTLASS 2.x has no optimized strided 3-D dgrad anyway.
 #include <cuda_runtime.h>
@@ -53,6 +55,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/igemm.h"
@@ -169,16 +172,68 @@ bool MapProblem(const IgemmProblem& pr, CudaOp op, IgemmMath math, Conv2dProblem
   return true;
 }
 
-// Number of wgrad K-slices for output tiles of tile_m x tile_n: a pure function of the problem and the math's
-// tile (WorkspaceBytes reports it). Enough slices for kSplitTargetCtas CTAs, each reducing >= kMinSplitK.
-int64_t WgradSplits(const Conv2dProblemSize& ps, int64_t tile_m, int64_t tile_n) {
+// 3xTF32 split-K plans (wgrad; fprop and unit-stride dgrad on small grids). Its 128x128 kernels hold 255 registers
+// a thread over 8 warps, so one CTA fits an SM and kPlanSms of them run at once. s slices then take about
+// ceil(tiles * s / kPlanSms) rounds of a slice's K steps, taps * ceil(chunks / s), at about k3xStepUs each, plus s
+// partial outputs written and read back at about 3 TB/s. H200, float32 HIGHEST (runs 316-317): ResNet-50 res5's 3x3
+// forward at batch 32, 52 tiles of 9 x 32 steps, took 281 us unsplit (2 rounds: 288 steps) and 169 us + 6.6 us of
+// reduction in 6 slices (3 rounds of 54 steps); the batch-1 3x3 128 -> 128 at 14x14, 2 tiles of 72 steps, 73 us
+// unsplit. The 264-CTA aim of the 16-bit and TF32 wgrad plans below (two CTAs an SM) overfilled this kernel's waves
+// (res4's 3x3 filter gradient at batch 32: 165 us in 6 slices, 186 us in 8).
+constexpr double k3xStepUs = 1.0;
+int64_t Plan3xSplits(int64_t tiles, int64_t taps, int64_t chunks, int64_t out_elems, int64_t max_splits) {
+  int64_t best = 1;
+  double best_us = 0.0;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const double us = static_cast<double>(CeilDiv64(tiles * s, kPlanSms) * taps * CeilDiv64(chunks, s)) * k3xStepUs +
+                      (s > 1 ? static_cast<double>(s * out_elems) * 8.0 / 3.0e6 : 0.0);
+    if (s == 1 || us < best_us) {  // strictly less: the fewest slices among equals
+      best = s;
+      best_us = us;
+    }
+  }
+  return best;
+}
+
+constexpr int64_t kF32TileK = 16;
+
+// Number of wgrad K-slices for output tiles of tile_m x tile_n: a pure function of the problem, the math and its
+// tile (WorkspaceBytes reports it). 3xTF32: Plan3xSplits over K steps of kF32TileK positions. The others: enough
+// slices for kSplitTargetCtas CTAs, each reducing >= kMinSplitK.
+int64_t WgradSplits(const Conv2dProblemSize& ps, IgemmMath math, int64_t tile_m, int64_t tile_n) {
   const int64_t tiles = CeilDiv64(ps.K, tile_m) * CeilDiv64(int64_t(ps.R) * ps.S * ps.C, tile_n);
   const int64_t npq = int64_t(ps.N) * ps.P * ps.Q;
+  if (math == IgemmMath::k3xTF32) {
+    const int64_t steps = CeilDiv64(npq, kF32TileK);
+    return Plan3xSplits(tiles, 1, steps, int64_t(ps.K) * ps.R * ps.S * ps.C, steps < kMaxSplits ? steps : kMaxSplits);
+  }
   int64_t splits = CeilDiv64(kSplitTargetCtas, tiles);
   const int64_t by_k = npq / kMinSplitK;
   if (splits > by_k) splits = by_k;
   if (splits > kMaxSplits) splits = kMaxSplits;
   return splits < 1 ? 1 : splits;
+}
+
+// fprop and unit-stride dgrad in 3xTF32 on grids of at most half a wave of 128x128 tiles: parallel split-K.
+// CUTLASS's optimized iterators deal the reduced channels (fprop C, dgrad K) to the slices in chunks of the tile's K
+// (slice i takes chunks i, i + splits, ... at every filter tap); each slice writes f32 partials of the whole output to
+// the workspace, summed in a fixed order with the bias and activation (ReduceSplitsBiasAct). Slices: Plan3xSplits.
+// The other maths keep one slice (16-bit partials would be rounded; TF32 small grids were not measured).
+int64_t FwdSplits(const Conv2dProblemSize& ps, CudaOp op, IgemmMath math) {
+  if (math != IgemmMath::k3xTF32 || op == CudaOp::kWgrad) return 1;
+  const bool fwd = op == CudaOp::kFwd;
+  if (!fwd && (ps.stride_h != 1 || ps.stride_w != 1)) return 1;  // CUTLASS's strided dgrad does not split
+  const int64_t m = int64_t(ps.N) * (fwd ? int64_t(ps.P) * ps.Q : int64_t(ps.H) * ps.W);
+  const int64_t n = fwd ? ps.K : ps.C;
+  const int64_t tiles = CeilDiv64(m, kTile) * CeilDiv64(n, kTile);
+  if (2 * tiles > kPlanSms) return 1;
+  const int64_t chunks = CeilDiv64(fwd ? ps.C : ps.K, kF32TileK);
+  return Plan3xSplits(tiles, int64_t(ps.R) * ps.S, chunks, m * n, chunks < kMaxSplits ? chunks : kMaxSplits);
+}
+
+// Elements of the fprop / dgrad output (a slice's partial).
+int64_t OutCount(const Conv2dProblemSize& ps, CudaOp op) {
+  return op == CudaOp::kFwd ? int64_t(ps.N) * ps.P * ps.Q * ps.K : int64_t(ps.N) * ps.H * ps.W * ps.C;
 }
 
 // Tile choice (pure host functions of the problem; Run and WorkspaceBytes agree through them). Measured on an
@@ -230,7 +285,7 @@ class BiasActOp {
 
   CUTLASS_HOST_DEVICE bool is_source_needed() const { return has_bias_ != 0; }
 
-  // Only serial split-K calls this; fprop never splits (Run passes split_k_slices = 1).
+  // Only serial split-K calls this; fprop splits in parallel only (FwdSplits), with no bias or activation.
   CUTLASS_HOST_DEVICE void set_k_partition(int, int) {}
 
   CUTLASS_HOST_DEVICE FragmentOutput operator()(FragmentAccumulator const& acc, FragmentSource const& src) const {
@@ -339,6 +394,10 @@ static_assert(MathCfg<IgemmMath::kBF16>::Tile::kM == kTile && MathCfg<IgemmMath:
 static_assert(MathCfg<IgemmMath::kF16>::Tile::kM == kTile && MathCfg<IgemmMath::kF16>::Tile::kN == kTile, "");
 static_assert(MathCfg<IgemmMath::kTF32>::Tile::kM == kTile && MathCfg<IgemmMath::kTF32>::Tile::kN == kTile, "");
 static_assert(MathCfg<IgemmMath::k3xTF32>::Tile::kM == kTile && MathCfg<IgemmMath::k3xTF32>::Tile::kN == kTile, "");
+using Cfg3x = MathCfg<IgemmMath::k3xTF32>;
+static_assert(Cfg3x::Tile::kK == kF32TileK &&
+                  (Cfg3x::Tile::kM / Cfg3x::Warp::kM) * (Cfg3x::Tile::kN / Cfg3x::Warp::kN) == 8,
+              "Plan3xSplits counts K steps of kF32TileK and one 8-warp CTA per SM");
 
 using cutlass::layout::TensorNHWC;
 
@@ -406,15 +465,38 @@ template <class T> cutlass::TensorRef<T, TensorNHWC> Ref(const void* p, const Te
   return cutlass::TensorRef<T, TensorNHWC>(static_cast<T*>(const_cast<void*>(p)), layout);
 }
 
+// The parallel split-K workspace check: a short one is cudaErrorInvalidValue (igemm.h).
+bool ShortWorkspace(const IgemmArgs& a, int64_t splits, int64_t count) {
+  return splits > 1 &&
+         (a.workspace == nullptr || a.workspace_bytes < static_cast<size_t>(splits * count) * sizeof(float));
+}
+
+// splits > 1 (FwdSplits; f32 operands only): partials into the workspace, then ReduceSplitsBiasAct.
 template <class C>
-cudaError_t RunFprop(const Conv2dProblemSize& ps, const IgemmArgs& a, cudaStream_t s) {
+cudaError_t RunFprop(const Conv2dProblemSize& ps0, const IgemmArgs& a, int64_t splits, cudaStream_t s) {
   using K = FpropKernel<C>;
   using E = typename C::Element;
+  const int64_t count = OutCount(ps0, CudaOp::kFwd);
+  if (ShortWorkspace(a, splits, count)) return cudaErrorInvalidValue;
+  Conv2dProblemSize ps = ps0;
+  ps.split_k_slices = static_cast<int>(splits);
   const TensorNHWC lx = TensorNHWC::packed({ps.N, ps.H, ps.W, ps.C});
   const TensorNHWC lw = TensorNHWC::packed({ps.K, ps.R, ps.S, ps.C});
   const TensorNHWC ly = TensorNHWC::packed({ps.N, ps.P, ps.Q, ps.K});
   const TensorNHWC lbias(0, 0, 0);  // every output row reads bias[0..K)
   typename K::EpilogueOutputOp::Params op;
+  if (splits > 1) {  // plain partial sums: the reduction adds the bias and applies the activation
+    if constexpr (std::is_same_v<E, float>) {
+      void* ws = a.workspace;
+      typename K::Arguments args(ps, Ref<E>(a.a, lx), Ref<E>(a.b, lw), Ref<E>(ws, ly), Ref<E>(ws, ly), op,
+                                 cutlass::conv::SplitKMode::kParallel);
+      if (const cudaError_t e = LaunchConv<K>(args, s); e != cudaSuccess) return e;
+      return ReduceSplitsBiasAct(static_cast<const float*>(ws), splits, count, ps.K,
+                                 static_cast<const float*>(a.bias), a.act, static_cast<float*>(a.out), s);
+    } else {
+      return cudaErrorNotSupported;
+    }
+  }
   op.act = static_cast<int>(a.act);
   op.has_bias = a.bias != nullptr;
   typename K::Arguments args(ps, Ref<E>(a.a, lx), Ref<E>(a.b, lw),
@@ -423,61 +505,72 @@ cudaError_t RunFprop(const Conv2dProblemSize& ps, const IgemmArgs& a, cudaStream
   return LaunchConv<K>(args, s);
 }
 
+// Runs kernel K (its arguments from make(destination, split mode)) on out, or with splits > 1 in parallel split-K:
+// slice k writes its partial output to workspace + k * count (the kernel adds the offset), then the fixed-order sum.
+template <class K, class MakeArgs>
+cudaError_t LaunchSplitK(const IgemmArgs& a, int64_t splits, int64_t count, MakeArgs make, cudaStream_t s) {
+  const cudaError_t e = splits > 1 ? LaunchConv<K>(make(a.workspace, cutlass::conv::SplitKMode::kParallel), s)
+                                   : LaunchConv<K>(make(a.out, cutlass::conv::SplitKMode::kSerial), s);
+  if (e != cudaSuccess || splits == 1) return e;
+  return ReduceSplits(DT::kF32, DT::kF32, a.workspace, splits, count, a.out, s);
+}
+
+// splits > 1: unit stride and f32 operands only (FwdSplits), as RunFprop.
 template <class C, class K>
-cudaError_t RunDgradWith(const Conv2dProblemSize& ps, const IgemmArgs& a, cudaStream_t s) {
+cudaError_t RunDgradWith(const Conv2dProblemSize& ps0, const IgemmArgs& a, int64_t splits, cudaStream_t s) {
   using E = typename C::Element;
+  const int64_t count = OutCount(ps0, CudaOp::kDgrad);
+  if (ShortWorkspace(a, splits, count)) return cudaErrorInvalidValue;
+  if (splits > 1 && !std::is_same_v<E, float>) return cudaErrorNotSupported;
+  Conv2dProblemSize ps = ps0;
+  ps.split_k_slices = static_cast<int>(splits);
   const TensorNHWC ldy = TensorNHWC::packed({ps.N, ps.P, ps.Q, ps.K});
   const TensorNHWC lw = TensorNHWC::packed({ps.K, ps.R, ps.S, ps.C});
   const TensorNHWC ldx = TensorNHWC::packed({ps.N, ps.H, ps.W, ps.C});
-  typename K::Arguments args(ps, Ref<E>(a.a, ldy), Ref<E>(a.b, lw), Ref<E>(a.out, ldx), Ref<E>(a.out, ldx),
-                             {1.0f, 0.0f}, cutlass::conv::SplitKMode::kSerial);
-  return LaunchConv<K>(args, s);
+  return LaunchSplitK<K>(a, splits, count, [&](void* dst, cutlass::conv::SplitKMode mode) {
+    return typename K::Arguments(ps, Ref<E>(a.a, ldy), Ref<E>(a.b, lw), Ref<E>(dst, ldx), Ref<E>(dst, ldx),
+                                 {1.0f, 0.0f}, mode);
+  }, s);
 }
 
 template <class C>
-cudaError_t RunDgrad(const Conv2dProblemSize& ps, const IgemmArgs& a, cudaStream_t s) {
-  if (ps.stride_h == 1 && ps.stride_w == 1) return RunDgradWith<C, DgradUnityKernel<C>>(ps, a, s);
-  return RunDgradWith<C, DgradStridedKernel<C>>(ps, a, s);
+cudaError_t RunDgrad(const Conv2dProblemSize& ps, const IgemmArgs& a, int64_t splits, cudaStream_t s) {
+  if (ps.stride_h == 1 && ps.stride_w == 1) return RunDgradWith<C, DgradUnityKernel<C>>(ps, a, splits, s);
+  return RunDgradWith<C, DgradStridedKernel<C>>(ps, a, 1, s);
 }
 
 template <class C>
-cudaError_t RunWgrad(const Conv2dProblemSize& ps0, const IgemmArgs& a, cudaStream_t s) {
+cudaError_t RunWgrad(const Conv2dProblemSize& ps0, const IgemmArgs& a, int64_t splits, cudaStream_t s) {
   using K = WgradKernel<C>;
   using E = typename C::Element;
-  const int64_t splits = WgradSplits(ps0, C::Tile::kM, C::Tile::kN);
   const int64_t count = int64_t(ps0.K) * ps0.R * ps0.S * ps0.C;
-  if (splits > 1 && (a.workspace == nullptr ||
-                     a.workspace_bytes < static_cast<size_t>(splits * count) * sizeof(float))) {
-    return cudaErrorInvalidValue;
-  }
+  if (ShortWorkspace(a, splits, count)) return cudaErrorInvalidValue;
   Conv2dProblemSize ps = ps0;
   ps.split_k_slices = static_cast<int>(splits);
   const TensorNHWC ldy = TensorNHWC::packed({ps.N, ps.P, ps.Q, ps.K});
   const TensorNHWC lx = TensorNHWC::packed({ps.N, ps.H, ps.W, ps.C});
   const TensorNHWC ldw = TensorNHWC::packed({ps.K, ps.R, ps.S, ps.C});
-  // Parallel split-K: slice k writes its partial dw to workspace + k * count (the kernel adds the offset).
-  void* dst = splits > 1 ? a.workspace : a.out;
-  typename K::Arguments args(ps, Ref<E>(a.b, ldy), Ref<E>(a.a, lx), Ref<float>(dst, ldw), Ref<float>(dst, ldw),
-                             {1.0f, 0.0f},
-                             splits > 1 ? cutlass::conv::SplitKMode::kParallel : cutlass::conv::SplitKMode::kSerial);
-  const cudaError_t e = LaunchConv<K>(args, s);
-  if (e != cudaSuccess || splits == 1) return e;
-  return ReduceSplits(DT::kF32, DT::kF32, a.workspace, splits, count, a.out, s);
+  return LaunchSplitK<K>(a, splits, count, [&](void* dst, cutlass::conv::SplitKMode mode) {
+    return typename K::Arguments(ps, Ref<E>(a.b, ldy), Ref<E>(a.a, lx), Ref<float>(dst, ldw), Ref<float>(dst, ldw),
+                                 {1.0f, 0.0f}, mode);
+  }, s);
 }
 
 template <IgemmMath M>
 cudaError_t RunOp(CudaOp op, const Conv2dProblemSize& ps, const IgemmArgs& a, cudaStream_t s) {
   if constexpr (NarrowCfg<M>::kHas) {
-    if (op == CudaOp::kFwd && UseNarrowN(ps, op, M)) return RunFprop<typename NarrowCfg<M>::N>(ps, a, s);
+    if (op == CudaOp::kFwd && UseNarrowN(ps, op, M)) return RunFprop<typename NarrowCfg<M>::N>(ps, a, 1, s);
     if (op == CudaOp::kDgrad && UseNarrowN(ps, op, M)) {
-      return RunDgradWith<typename NarrowCfg<M>::N, DgradUnityKernel<typename NarrowCfg<M>::N>>(ps, a, s);
+      return RunDgradWith<typename NarrowCfg<M>::N, DgradUnityKernel<typename NarrowCfg<M>::N>>(ps, a, 1, s);
     }
-    if (op == CudaOp::kWgrad && UseNarrowWgrad(ps, M)) return RunWgrad<typename NarrowCfg<M>::W>(ps, a, s);
+    if (op == CudaOp::kWgrad && UseNarrowWgrad(ps, M)) {
+      return RunWgrad<typename NarrowCfg<M>::W>(ps, a, WgradSplits(ps, M, kNarrowTile, kTile), s);
+    }
   }
   switch (op) {
-    case CudaOp::kFwd: return RunFprop<MathCfg<M>>(ps, a, s);
-    case CudaOp::kDgrad: return RunDgrad<MathCfg<M>>(ps, a, s);
-    case CudaOp::kWgrad: return RunWgrad<MathCfg<M>>(ps, a, s);
+    case CudaOp::kFwd: return RunFprop<MathCfg<M>>(ps, a, FwdSplits(ps, op, M), s);
+    case CudaOp::kDgrad: return RunDgrad<MathCfg<M>>(ps, a, FwdSplits(ps, op, M), s);
+    case CudaOp::kWgrad: return RunWgrad<MathCfg<M>>(ps, a, WgradSplits(ps, M, kTile, kTile), s);
   }
   return cudaErrorNotSupported;
 }
@@ -491,8 +584,13 @@ bool IgemmSm80Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
 
 size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
   Conv2dProblemSize ps;
-  if (op != CudaOp::kWgrad || !MapProblem(pr, op, math, &ps)) return 0;
-  const int64_t splits = UseNarrowWgrad(ps, math) ? WgradSplits(ps, kNarrowTile, kTile) : WgradSplits(ps, kTile, kTile);
+  if (!MapProblem(pr, op, math, &ps)) return 0;
+  if (op != CudaOp::kWgrad) {
+    const int64_t splits = FwdSplits(ps, op, math);
+    return splits > 1 ? static_cast<size_t>(splits * OutCount(ps, op)) * sizeof(float) : 0;
+  }
+  const int64_t splits =
+      UseNarrowWgrad(ps, math) ? WgradSplits(ps, math, kNarrowTile, kTile) : WgradSplits(ps, math, kTile, kTile);
   if (splits <= 1) return 0;
   return static_cast<size_t>(splits * int64_t(ps.K) * ps.R * ps.S * ps.C) * sizeof(float);
 }
@@ -508,7 +606,7 @@ cudaError_t IgemmSm80Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
   // Every global access (bias included) is a 128-bit vector: the pointers must be 16-byte aligned.
   auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) != 0; };
   if (misaligned(args.a) || misaligned(args.b) || misaligned(args.out) ||
-      (op == CudaOp::kFwd && misaligned(args.bias)) || (op == CudaOp::kWgrad && misaligned(args.workspace))) {
+      (op == CudaOp::kFwd && misaligned(args.bias)) || misaligned(args.workspace)) {
     return cudaErrorNotSupported;
   }
   IgemmArgs a = args;

@@ -154,6 +154,10 @@ cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64
 // ---- shared: out[e] = sum_{s < splits} scratch[s * count + e] in fixed order (direct.cu) ----
 cudaError_t ReduceSplits(DT in, DT out, const void* scratch, int64_t splits, int64_t count, void* dst,
                          cudaStream_t s);
+// ... for a float32 forward split over its reduction, (m, k) row-major: dst[e] = act(sum + bias[e % k]), bias may be
+// null (direct.cu).
+cudaError_t ReduceSplitsBiasAct(const float* scratch, int64_t splits, int64_t count, int64_t k, const float* bias,
+                                int64_t act, float* dst, cudaStream_t s);
 
 }  // namespace cuda
 }  // namespace jaxconv
