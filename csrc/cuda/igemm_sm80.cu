@@ -37,10 +37,12 @@
 //              (8 warps, as CUTLASS's fast-f32 library kernels), 3 stages (48 KiB)
 //   narrow tiles, kBF16 and kF16 only, 3 kernels each: fprop and unit-stride dgrad 128x64x32 (when GEMM N
 //     <= 64 or the 128x128 grid has <= 66 tiles), wgrad 64x128x32 (when K <= 64); 5 stages. See UseNarrowN.
-//   fprop: Conv2dFprop kOptimized, epilogue BiasActOp (bias as a zero-stride C tensor, runtime activation).
+//   fprop: Conv2dFprop kOptimized, epilogue BiasActOp (bias as a zero-stride C tensor, runtime activation); 3xTF32
+//          on small grids in parallel split-K, the bias and activation then in ReduceSplitsBiasAct (FwdSplits).
 //   dgrad: Conv2dDgrad kOptimized, kUnity for stride (1, 1) (any dilation), kStrided
 //          (ImplicitGemmConvolutionStridedDgrad) for larger strides (dilation 1 only). Measured on H100: the
-//          strided kernel at stride 1 is 10-25% slower than the unit-stride one, hence both.
+//          strided kernel at stride 1 is 10-25% slower than the unit-stride one, hence both. 3xTF32 at unit stride
+//          on small grids in parallel split-K, as fprop.
 //   wgrad: Conv2dWgrad kOptimized, A = dy (K x NPQ), B = x (NPQ x RSC), D = dw (K x RSC), f32 out; parallel
 //          split-K into the workspace + ReduceSplits (direct.cu, fixed order: deterministic).
 // WORKSPACE: wgrad: splits * K * R * S * C * 4 bytes when splits > 1, else 0, with (16-bit, TF32)
