@@ -123,6 +123,12 @@ def test_flop_count_of_a_strided_grouped_case():
   assert case.flops("fwd") == 2 * 2 * oh * ow * 6 * (4 // 2) * 9
 
 
+def _scorecard_verdicts(lines):
+  """{case name: its 'target met' cell} from the scorecard's markdown table."""
+  rows = [ln.strip("|").split("|") for ln in lines if ln.startswith("| ") and not ln.startswith("| case")]
+  return {cells[0].strip(): cells[8].strip() for cells in rows}
+
+
 def test_issue4_scorecard_applies_the_forward_target():
   """A case meets the forward target at 1.5x lax, or within 1.25x its floor when not slower than lax; dense cases
   (16+ input and output channels, groups 1) are left out of the count and the geometric mean."""
@@ -144,11 +150,45 @@ def test_issue4_scorecard_applies_the_forward_target():
       rec("depthwise", "bfloat16", 10.0, 30.0, 50.0, 64, 64, groups=64),  # 3x: counted (not dense)
   ]}
   lines = sc.scorecard(results)
-  rows = {ln.split(" | ")[0][2:]: ln for ln in lines if ln.startswith("| ") and not ln.startswith("| case")}
-  assert rows["fast"].endswith("| yes |") and rows["near_floor"].endswith("| yes |")
-  assert rows["slower"].endswith("| **no** |") and rows["short"].endswith("| **no** |")
-  assert rows["dense"].endswith("| dense: not a target |") and rows["depthwise"].endswith("| yes |")
+  rows = _scorecard_verdicts(lines)
+  assert rows["fast"] == "yes" and rows["near_floor"] == "yes"
+  assert rows["slower"] == "**no**" and rows["short"] == "**no**"
+  assert rows["dense"] == "dense: not a target" and rows["depthwise"] == "yes"
   bf16 = (2.0 * 1.2 * 3.0) ** (1 / 3)
   f32 = (0.99 * 1.4) ** 0.5
   every = (2.0 * 1.2 * 3.0 * 0.99 * 1.4) ** (1 / 5)
   assert lines[-1] == f"met 3 of 5; geomean {every:.2f}; bf16 {bf16:.2f}; f32 HIGHEST {f32:.2f}"
+
+
+def test_issue4_scorecard_applies_the_fwdbwd_and_conv1d_targets(tmp_path):
+  """fwd+bwd rows of the <= 4-channel and one-output msd cases meet at 10x lax or 1.5x the floor; other fwd+bwd
+  rows are no target; the 1M conv1d float32 HIGHEST forward also needs <= 122 µs; several JSON files merge."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+  import issue4_scorecard as sc
+
+  def rec(name, op, dtype, t_us, lax_us, pct_floor, cin=1, cout=1):
+    case = {"name": name, "in_channels": cin, "out_channels": cout, "groups": 1}
+    return {"case": case, "op": op, "dtype": dtype,
+            "impls": {"jaxconv": {"time_s": t_us * 1e-6, "pct_floor_jaxconv_path": pct_floor, "time_source": "fit"},
+                      "lax": {"time_s": lax_us * 1e-6}}}
+
+  fb = [rec("fb_10x", "fwdbwd", "bfloat16", 10.0, 120.0, 10.0, 4, 4),     # 12x, far from its floor: met
+        rec("fb_floor", "fwdbwd", "bfloat16", 10.0, 20.0, 70.0, 64, 1),   # 2x lax, 1.43x its floor: met
+        rec("fb_short", "fwdbwd", "float32-highest", 10.0, 95.0, 60.0, 4, 4),  # 9.5x, 1.67x its floor: not met
+        rec("fb_dense", "fwdbwd", "bfloat16", 10.0, 5.0, 5.0, 16, 16)]    # not one of the target's cases
+  fwd = [rec("seed_conv1d_1M_k2047", "fwd", "float32-highest", 130.0, 2600.0, 45.0),  # 20x but > 122 µs
+         rec("seed_conv1d_1M_k2047", "fwd", "bfloat16", 130.0, 2600.0, 45.0)]         # the limit is f32's only
+  paths = []
+  for i, part in enumerate((fb, fwd)):
+    paths.append(tmp_path / f"r{i}.json")
+    paths[-1].write_text(json.dumps({"results": part}))
+  lines = sc.scorecard({"results": fb + fwd})
+  verdicts = _scorecard_verdicts(lines)
+  assert verdicts["fb_10x"] == "yes" and verdicts["fb_floor"] == "yes" and verdicts["fb_short"] == "**no**"
+  assert verdicts["fb_dense"] == "not a target"
+  conv1d = [ln.strip("|").split("|") for ln in lines if ln.startswith("| seed_conv1d")]
+  assert [(c[2].strip(), c[8].strip()) for c in conv1d] == [("f32 HIGHEST", "**no**"), ("bf16", "yes")]
+  assert lines[-1] == ("forward: 0 slower than lax; fwd+bwd: met 2 of 3; conv1d 1M x 2047 float32 HIGHEST "
+                       "forward: 130.0 µs (limit 122)")
+  out = subprocess.run([sys.executable, sc.__file__, *map(str, paths)], capture_output=True, text=True, check=True)
+  assert out.stdout.splitlines() == lines
