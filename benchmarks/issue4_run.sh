@@ -2,12 +2,16 @@
 # Issue 4's measurement lists on a GPU, on a tree that `gpu_run.sh build` has built: each list is one
 # `python -m jaxconv.bench` run, then `issue4_scorecard.py` over every list that finished.
 #
-#   bash benchmarks/issue4_run.sh [fwd] [fb_fast] [fb_slow]     # default: all three
+#   bash benchmarks/issue4_run.sh [fwd] [fb_fast] [fb_slow] [fb_conv1d_f32]   # default: the first three
 #
-# fwd:     the forward of every case of issue 4's item 4 (dense ones are measured but not scored);
-# fb_fast: forward+backward of the undilated msd cases with <= 4 channels or one output channel;
-# fb_slow: forward+backward of the dilated 1 -> 1 msd cases and the long 1-D filters, where lax's own
-#          gradients take 2-200 ms (kept apart so that one list's time guard cannot cut the others).
+# fwd:     the forward of every case of issue 4's item 4 (dense ones are measured but not scored), bf16 and
+#          float32 HIGHEST (161 s on an H100, 2026-11-28);
+# fb_fast: forward+backward of the undilated msd cases with <= 4 channels or one output channel (163 s);
+# fb_slow: forward+backward of the dilated 1 -> 1 msd cases (lax's gradients take 40-200 ms) in both dtypes and
+#          of the long 1-D filters in bf16 (about 90 s on an H100);
+# fb_conv1d_f32: forward+backward of the long 1-D filters in float32 HIGHEST. Give it a call of its own: lax's
+#          compilation (cuDNN autotuning) of these gradients had not finished after 150 s (1M) and 235 s (1.5M)
+#          on an H100 (2026-11-28), and one hung measurement stops a list until its guard.
 # Environment: OUT (default ./gpu-out), DEADLINE (a `date +%s` time by which every list must have stopped: each
 # list's time guard is what is left of it; results.json keeps every measurement finished by then), JAXCONV_COMMIT
 # (the device copy of the tree has no .git), BENCH_EXTRA (more flags for every list).
@@ -18,15 +22,16 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 lists=${*:-fwd fb_fast fb_slow}
-common=(--dtypes bfloat16,float32-highest --budget 1 --ts 1,2,4,8 --repeats 4 --profile always)
+common=(--budget 1 --ts 1,2,4,8 --repeats 4 --profile always)
+both=bfloat16,float32-highest
 
-run_list() {  # name ops filter
+run_list() {  # name ops filter dtypes
   local t0=$(date +%s) guard=0
   if [ -n "${DEADLINE:-}" ]; then
     guard=$(( DEADLINE - t0 ))
     [ $guard -gt 20 ] || { echo "[issue4_run] $1: skipped, past the deadline"; return; }
   fi
-  timeout "$guard" $PY -m jaxconv.bench --out "$OUT/$1" --ops "$2" --filter "$3" "${common[@]}" \
+  timeout "$guard" $PY -m jaxconv.bench --out "$OUT/$1" --ops "$2" --filter "$3" --dtypes "$4" "${common[@]}" \
     ${BENCH_EXTRA:-} > "$OUT/$1.log" 2>&1
   echo "[issue4_run] $1: rc=$? in $(( $(date +%s) - t0 )) s"
 }
@@ -34,13 +39,17 @@ run_list() {  # name ops filter
 for l in $lists; do
   case $l in
     fwd) run_list fwd fwd \
-      '^(seed_msd_|seed_conv1d_1|mobilenetv2_dw|convnext_dw|replknet_dw|mamba_|seed_casestudy_|seed_tutorial_|resnet50_conv1_b32$)' ;;
-    fb_fast) run_list fb_fast fwdbwd '^(seed_msd_1to1_3x3_(256|1024|4096)$|seed_msd_4to|seed_msd_16to1_|seed_msd_64to1_)' ;;
-    fb_slow) run_list fb_slow fwdbwd '^(seed_msd_1to1_3x3_dil|seed_conv1d_1)' ;;
+      '^(seed_msd_|seed_conv1d_1|mobilenetv2_dw|convnext_dw|replknet_dw|mamba_|seed_casestudy_|seed_tutorial_|resnet50_conv1_b32$)' \
+      $both ;;
+    fb_fast) run_list fb_fast fwdbwd '^(seed_msd_1to1_3x3_(256|1024|4096)$|seed_msd_4to|seed_msd_16to1_|seed_msd_64to1_)' $both ;;
+    fb_slow)
+      run_list fb_slow fwdbwd '^seed_msd_1to1_3x3_dil' $both
+      run_list fb_conv1d fwdbwd '^seed_conv1d_1' bfloat16 ;;
+    fb_conv1d_f32) run_list fb_conv1d_f32 fwdbwd '^seed_conv1d_1' float32-highest ;;
     *) echo "unknown list $l"; exit 2 ;;
   esac
 done
 
 jsons=()
-for l in fwd fb_fast fb_slow; do [ -f "$OUT/$l/results.json" ] && jsons+=("$OUT/$l/results.json"); done
+for l in fwd fb_fast fb_slow fb_conv1d fb_conv1d_f32; do [ -f "$OUT/$l/results.json" ] && jsons+=("$OUT/$l/results.json"); done
 [ ${#jsons[@]} -gt 0 ] && $PY benchmarks/issue4_scorecard.py "${jsons[@]}" | tee "$OUT/scorecard.md"

@@ -19,6 +19,7 @@ import sys
 
 DTYPE_LABEL = {"bfloat16": "bf16", "float32-highest": "f32 HIGHEST"}
 CONV1D_CASE, CONV1D_LIMIT_US = "seed_conv1d_1M_k2047", 122.0
+FWDBWD = "fwd+bwd"  # the op name results.json records (jaxconv.bench.cases.OPS)
 
 
 def is_dense(case):
@@ -71,7 +72,7 @@ def scorecard(results):
       ratios.setdefault(r["dtype"], []).append(ratio)
     elif op == "fwd":
       text = "dense: not a target"
-    elif op == "fwdbwd" and is_fwdbwd_target(case):
+    elif op == FWDBWD and is_fwdbwd_target(case):
       ok = fwdbwd_verdict(ratio, x_floor)
       text = "yes" if ok else "**no**"
       fb[0] += ok

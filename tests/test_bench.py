@@ -168,7 +168,7 @@ def test_issue4_scorecard_applies_the_fwdbwd_and_conv1d_targets(tmp_path):
 
   def rec(name, op, dtype, t_us, lax_us, pct_floor, cin=1, cout=1):
     case = {"name": name, "in_channels": cin, "out_channels": cout, "groups": 1}
-    return {"case": case, "op": op, "dtype": dtype,
+    return {"case": case, "op": cases.canon_op(op), "dtype": dtype,
             "impls": {"jaxconv": {"time_s": t_us * 1e-6, "pct_floor_jaxconv_path": pct_floor, "time_source": "fit"},
                       "lax": {"time_s": lax_us * 1e-6}}}
 
