@@ -9,9 +9,11 @@
 # fb_fast: forward+backward of the undilated msd cases with <= 4 channels or one output channel (163 s);
 # fb_slow: forward+backward of the dilated 1 -> 1 msd cases (lax's gradients take 40-200 ms) in both dtypes and
 #          of the long 1-D filters in bf16 (about 90 s on an H100);
-# fb_conv1d_f32: forward+backward of the long 1-D filters in float32 HIGHEST. Give it a call of its own: lax's
-#          compilation (cuDNN autotuning) of these gradients had not finished after 150 s (1M) and 235 s (1.5M)
-#          on an H100 (2026-11-28), and one hung measurement stops a list until its guard.
+# fb_conv1d_f32: forward+backward of the long 1-D filters in float32 HIGHEST, in a call of its own: lax's
+#          compilation (cuDNN autotuning at XLA's default level) of these gradients had not finished after 150 s
+#          (1M) and 235 s (1.5M) on an H100 (2026-11-28), and one hung measurement stops a list until its guard.
+#          So this list compiles lax with --lax-autotune-level 2: still autotuned, without checking each
+#          candidate's results (not yet tried on a GPU).
 # Environment: OUT (default ./gpu-out), DEADLINE (a `date +%s` time by which every list must have stopped: each
 # list's time guard is what is left of it; results.json keeps every measurement finished by then), JAXCONV_COMMIT
 # (the device copy of the tree has no .git), BENCH_EXTRA (more flags for every list).
@@ -25,14 +27,14 @@ lists=${*:-fwd fb_fast fb_slow}
 common=(--budget 1 --ts 1,2,4,8 --repeats 4 --profile always)
 both=bfloat16,float32-highest
 
-run_list() {  # name ops filter dtypes
+run_list() {  # name ops filter dtypes [more flags]
   local t0=$(date +%s) guard=0
   if [ -n "${DEADLINE:-}" ]; then
     guard=$(( DEADLINE - t0 ))
     [ $guard -gt 20 ] || { echo "[issue4_run] $1: skipped, past the deadline"; return; }
   fi
   timeout "$guard" $PY -m jaxconv.bench --out "$OUT/$1" --ops "$2" --filter "$3" --dtypes "$4" "${common[@]}" \
-    ${BENCH_EXTRA:-} > "$OUT/$1.log" 2>&1
+    "${@:5}" ${BENCH_EXTRA:-} > "$OUT/$1.log" 2>&1
   echo "[issue4_run] $1: rc=$? in $(( $(date +%s) - t0 )) s"
 }
 
@@ -45,7 +47,7 @@ for l in $lists; do
     fb_slow)
       run_list fb_slow fwdbwd '^seed_msd_1to1_3x3_dil' $both
       run_list fb_conv1d fwdbwd '^seed_conv1d_1' bfloat16 ;;
-    fb_conv1d_f32) run_list fb_conv1d_f32 fwdbwd '^seed_conv1d_1' float32-highest ;;
+    fb_conv1d_f32) run_list fb_conv1d_f32 fwdbwd '^seed_conv1d_1' float32-highest --lax-autotune-level 2 ;;
     *) echo "unknown list $l"; exit 2 ;;
   esac
 done

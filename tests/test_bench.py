@@ -192,3 +192,26 @@ def test_issue4_scorecard_applies_the_fwdbwd_and_conv1d_targets(tmp_path):
                        "forward: 130.0 µs (limit 122)")
   out = subprocess.run([sys.executable, sc.__file__, *map(str, paths)], capture_output=True, text=True, check=True)
   assert out.stdout.splitlines() == lines
+
+
+def test_lax_compiler_options_reach_lax_compilations_only(tmp_path):
+  """--lax-autotune-level sets lax's XLA options and no one else's: an unknown option fails lax's entry alone,
+  a real one is recorded per entry, in the metadata and in the report."""
+  from jaxconv.bench import harness
+  case = cases.parse_case_spec("2:9x11:4->8:3x3:p1", [])
+  kw = dict(Ts=(1, 2), repeats=2, min_repeats=2, budget_s=0.2, profile="never")
+  bad = harness.time_entry(case, "float32", "fwd", compiler_options={"lax": {"xla_no_such_option": 1}}, **kw)
+  assert "xla_no_such_option" in bad["impls"]["lax"]["error"]
+  assert bad["impls"]["jaxconv"]["time_s"] > 0 and "error" not in bad["impls"]["jaxconv"]
+
+  proc = subprocess.run([sys.executable, "-m", "jaxconv.bench", "--case", "2:9x11:4->8:3x3:p1", "--dtypes", "float32",
+                         "--ops", "fwd", "--ts", "1,2", "--repeats", "2", "--budget", "0.2", "--profile", "never",
+                         "--no-plots", "--lax-autotune-level", "2", "--out", str(tmp_path)],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  res = json.loads((tmp_path / "results.json").read_text())
+  assert res["meta"]["compiler_options"] == {"lax": {"xla_gpu_autotune_level": 2}}
+  (entry,) = res["results"]
+  assert entry["impls"]["lax"]["compiler_options"] == {"xla_gpu_autotune_level": 2}
+  assert "compiler_options" not in entry["impls"]["jaxconv"] and entry["impls"]["lax"]["time_s"] > 0
+  assert "lax compiled with XLA options {'xla_gpu_autotune_level': 2}" in (tmp_path / "results.md").read_text()

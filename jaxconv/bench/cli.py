@@ -50,6 +50,13 @@ def build_parser():
     p.add_argument("--profile", choices=("auto", "always", "never", "first"),
                    help="jax.profiler cross-check: auto = only for poor fits (default), always, never, "
                         "first = the first measurement plus poor fits (--quick default)")
+    p.add_argument("--lax-autotune-level", type=int, choices=range(5), metavar="{0..4}",
+                   help="XLA's xla_gpu_autotune_level for lax's compilations only. XLA's default, 4, also checks "
+                        "every candidate cuDNN algorithm's results against a reference, which for large float32 "
+                        "problems can outlast a device session (the 1M x 2047 conv1d's HIGHEST gradients took over "
+                        "200 s); 2 autotunes on initialised data without that check, so lax still runs the fastest "
+                        "algorithm it measured (one that the check would have rejected only makes lax look faster); "
+                        "0 does not autotune. Recorded in the metadata and the report")
     p.add_argument("--jaxconv-tensor-cores", action="store_true",
                    help="jaxconv's kernels use tensor cores: its own floor uses the best path's peak")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
@@ -122,7 +129,11 @@ def run(argv=None):
     if "jaxconv" in impls and isinstance(meta.get("jaxconv_build_info"), str):
         raise SystemExit(f"jaxconv is not usable ({meta['jaxconv_build_info']}); use --impls lax to test the harness")
     peaks = _device.peaks_for(meta["platform"], meta["device_kind"], quick)
+    compiler_options = {}
+    if args.lax_autotune_level is not None:
+        compiler_options["lax"] = {"xla_gpu_autotune_level": args.lax_autotune_level}
     meta.update(peaks=peaks, suite=_device.display_path(suite_path), quick=quick, Ts=list(Ts), repeats=repeats,
+                compiler_options=compiler_options,
                 budget_s=budget, profile=profile, impls=list(impls) + (["torch"] if args.torch else []),
                 jaxconv_tensor_cores=args.jaxconv_tensor_cores, method=_report.METHOD)
     mem_budget = _device.memory_budget_bytes(meta["platform"])
@@ -139,7 +150,8 @@ def run(argv=None):
         try:
             prof = profile if profile != "first" else ("always" if first else "auto")
             res = time_entry(c, dt, op, impls=impls, Ts=Ts, repeats=repeats, min_repeats=3 if not quick else 2,
-                             budget_s=budget, mem_budget=mem_budget, profile=prof, seed=args.seed)
+                             budget_s=budget, mem_budget=mem_budget, profile=prof, seed=args.seed,
+                             compiler_options=compiler_options)
             first = False
             if args.torch and torch_bench.available():
                 sets = make_inputs(c, dt, 1, args.seed)

@@ -164,18 +164,23 @@ def _rel_err(a, b):
 
 
 def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), repeats=10, min_repeats=3,
-               budget_s=20.0, mem_budget=8 << 30, profile="auto", seed=0, log=None):
-    """Times one (case, dtype, op) for every implementation. Returns a result dict (see report.py for the schema)."""
+               budget_s=20.0, mem_budget=8 << 30, profile="auto", seed=0, log=None, compiler_options=None):
+    """Times one (case, dtype, op) for every implementation. Returns a result dict (see report.py for the schema).
+
+    compiler_options: {impl: XLA compile options} for that implementation's compilations (e.g. lax's
+    xla_gpu_autotune_level, cli.py's --lax-autotune-level); an unknown option name raises.
+    """
     timers = []
     try:
         return _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_budget, profile, seed,
-                           timers)
+                           timers, compiler_options or {})
     finally:
         for timer in timers:
             timer.release()
 
 
-def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_budget, profile, seed, timers):
+def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_budget, profile, seed, timers,
+                compiler_options):
     import jax
     op = _cases.canon_op(op)
     _, _, itemsize = _cases.dtype_info(dtype)
@@ -206,7 +211,7 @@ def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_
             timer = stream_timer.StreamTimer()
             timers.append(timer)
             fn = timer.wrap(fn)
-        c = jax.jit(fn).lower(sets[:T]).compile()
+        c = jax.jit(fn).lower(sets[:T]).compile(compiler_options=compiler_options.get(impl))
         r["compile_s"] = r.get("compile_s", 0.0) + time.perf_counter() - t0
         compiled[impl][T] = (c, "jit_" + name, timer)
         return c
@@ -229,6 +234,8 @@ def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_
     _UID[0] += 1
     for impl in impls:
         res["impls"][impl] = dict(hlo={})
+        if compiler_options.get(impl):
+            res["impls"][impl]["compiler_options"] = dict(compiler_options[impl])
         compiled[impl] = {}
         try:
             fns[impl] = make_op(_impl_fn(impl), case, dtype, op)
@@ -323,7 +330,8 @@ def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_
             c, mod, timer = compiled[impl][Ts[0]]
             if timer is not None:  # the marked program's argument copies would count as busy time
                 name = mod[len("jit_"):] + "_prof"
-                c, mod = jax.jit(batched(fns[impl], Ts[0], name)).lower(sets[:Ts[0]]).compile(), "jit_" + name
+                lowered = jax.jit(batched(fns[impl], Ts[0], name)).lower(sets[:Ts[0]])
+                c, mod = lowered.compile(compiler_options=compiler_options.get(impl)), "jit_" + name
             per = max(est.get((impl, Ts[0]), 0.01), 1e-6)
             ncalls = int(max(2, min(10, 2.0 / per)))
             prof = profile_device_time(c, (sets[:Ts[0]],), mod, ncalls=ncalls)

@@ -150,6 +150,8 @@ def write_markdown(path, meta, peaks, entries, errors, impls):
     L.append(f"- floor 'best' = best path for the dtype; 'jc path' = jaxconv's own path "
              f"({'tensor cores' if meta.get('jaxconv_tensor_cores') else 'FP32 FMA, no tensor cores'}).")
     L.append(f"- method: {METHOD}")
+    for impl, opts in sorted((meta.get("compiler_options") or {}).items()):
+        L.append(f"- {impl} compiled with XLA options {opts}.")
     L.append("- times are device µs per op, ± = half-width of the 90% CI relative to the time; "
              "(profiler)/(min-fit)/(upper-bound) = fallback source after a poor fit.\n")
     has_torch = "torch" in impls
