@@ -2,7 +2,7 @@
 # Issue 4's measurement lists on a GPU, on a tree that `gpu_run.sh build` has built: each list is one
 # `python -m jaxconv.bench` run, then `issue4_scorecard.py` over every list that finished.
 #
-#   bash benchmarks/issue4_run.sh [fwd] [fb_fast] [fb_slow] [fb_conv1d_f32]   # default: the first three
+#   bash benchmarks/issue4_run.sh [fwd] [fb_fast] [fb_slow] [fb_conv1d_f32] [focus]   # default: the first three
 #
 # fwd:     the forward of every case of issue 4's item 4 (dense ones are measured but not scored), bf16 and
 #          float32 HIGHEST (161 s on an H100, 2026-11-28);
@@ -14,6 +14,9 @@
 #          (1M) and 235 s (1.5M) on an H100 (2026-11-28), and one hung measurement stops a list until its guard.
 #          So this list compiles lax with --lax-autotune-level 2: still autotuned, without checking each
 #          candidate's results (not yet tried on a GPU).
+# focus:   the rows that sat near their thresholds on the H100 (msd 4->4, MobileNetV2's 3x3 layers; fwd and fwd+bwd)
+#          with six times the timing budget, T up to 16 and 10 repeats (about 3 min); the scorecard takes these rows
+#          in place of the same rows of the other lists.
 # Environment: OUT (default ./gpu-out), DEADLINE (a `date +%s` time by which every list must have stopped: each
 # list's time guard is what is left of it; results.json keeps every measurement finished by then), JAXCONV_COMMIT
 # (the device copy of the tree has no .git), BENCH_EXTRA (more flags for every list).
@@ -48,10 +51,15 @@ for l in $lists; do
       run_list fb_slow fwdbwd '^seed_msd_1to1_3x3_dil' $both
       run_list fb_conv1d fwdbwd '^seed_conv1d_1' bfloat16 ;;
     fb_conv1d_f32) run_list fb_conv1d_f32 fwdbwd '^seed_conv1d_1' float32-highest --lax-autotune-level 2 ;;
+    focus) run_list focus fwd,fwdbwd '^(seed_msd_4to4_3x3_512|mobilenetv2_dw3x3_)' $both --budget 6 --ts 1,2,4,8,16 \
+      --repeats 10 ;;
     *) echo "unknown list $l"; exit 2 ;;
   esac
 done
 
 jsons=()
-for l in fwd fb_fast fb_slow fb_conv1d fb_conv1d_f32; do [ -f "$OUT/$l/results.json" ] && jsons+=("$OUT/$l/results.json"); done
+# A later list's rows replace an earlier's (issue4_scorecard.py).
+for l in fwd fb_fast fb_slow fb_conv1d fb_conv1d_f32 focus; do
+  [ -f "$OUT/$l/results.json" ] && jsons+=("$OUT/$l/results.json")
+done
 [ ${#jsons[@]} -gt 0 ] && $PY benchmarks/issue4_scorecard.py "${jsons[@]}" | tee "$OUT/scorecard.md"

@@ -10,7 +10,8 @@ Usage: python benchmarks/issue4_scorecard.py RESULTS_JSON [RESULTS_JSON ...] > s
 - conv1d 1M x 2047 float32 HIGHEST forward: at most 122 µs (2x its FP32-FMA floor).
 - Every row: within 2x of its floor, or RESULTS.md explains what stops it (the last column says which rows need
   that).
-Prints one table row per measurement and a summary line per target.
+Prints one table row per measurement and a summary line per target. A row (case, op, dtype) found in several files is
+taken from the last of them (issue4_run.sh's focus list re-measures rows near their thresholds with more samples).
 """
 
 import json
@@ -96,11 +97,13 @@ def scorecard(results):
 def main(argv):
   if len(argv) < 2:
     sys.exit(__doc__)
-  merged = {"results": []}
+  rows = {}
   for path in argv[1:]:
     with open(path) as f:
-      merged["results"] += json.load(f)["results"]
-  print("\n".join(scorecard(merged)))
+      for r in json.load(f)["results"]:
+        rows.pop((r["case"]["name"], r.get("op", "fwd"), r["dtype"]), None)  # the later file's row, in its place
+        rows[(r["case"]["name"], r.get("op", "fwd"), r["dtype"])] = r
+  print("\n".join(scorecard({"results": list(rows.values())})))
 
 
 if __name__ == "__main__":

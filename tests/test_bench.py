@@ -192,6 +192,13 @@ def test_issue4_scorecard_applies_the_fwdbwd_and_conv1d_targets(tmp_path):
                        "forward: 130.0 µs (limit 122)")
   out = subprocess.run([sys.executable, sc.__file__, *map(str, paths)], capture_output=True, text=True, check=True)
   assert out.stdout.splitlines() == lines
+  # A row measured again in a later file (a focused re-measurement) replaces the earlier one, not adds to it.
+  again = tmp_path / "again.json"
+  again.write_text(json.dumps({"results": [rec("fb_short", "fwdbwd", "float32-highest", 8.0, 95.0, 75.0, 4, 4)]}))
+  out = subprocess.run([sys.executable, sc.__file__, *map(str, paths), str(again)], capture_output=True, text=True,
+                       check=True).stdout.splitlines()
+  assert _scorecard_verdicts(out)["fb_short"] == "yes" and sum(ln.startswith("| fb_short ") for ln in out) == 1
+  assert "fwd+bwd: met 3 of 3" in out[-1]
 
 
 def test_lax_compiler_options_reach_lax_compilations_only(tmp_path):
