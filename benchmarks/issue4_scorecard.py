@@ -101,8 +101,9 @@ def main(argv):
   for path in argv[1:]:
     with open(path) as f:
       for r in json.load(f)["results"]:
-        rows.pop((r["case"]["name"], r.get("op", "fwd"), r["dtype"]), None)  # the later file's row, in its place
-        rows[(r["case"]["name"], r.get("op", "fwd"), r["dtype"])] = r
+        key = (r["case"]["name"], r.get("op", "fwd"), r["dtype"])
+        rows.pop(key, None)  # a later file's row goes where that file puts it
+        rows[key] = r
   print("\n".join(scorecard({"results": list(rows.values())})))
 
 
