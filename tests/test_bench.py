@@ -222,3 +222,17 @@ def test_lax_compiler_options_reach_lax_compilations_only(tmp_path):
   assert entry["impls"]["lax"]["compiler_options"] == {"xla_gpu_autotune_level": 2}
   assert "compiler_options" not in entry["impls"]["jaxconv"] and entry["impls"]["lax"]["time_s"] > 0
   assert "lax compiled with XLA options {'xla_gpu_autotune_level': 2}" in (tmp_path / "results.md").read_text()
+
+
+def test_a_slow_compilation_is_reported_while_it_runs():
+  """A compilation past slow_compile_s is logged while it runs (lax's autotuning once outlasted a device call with
+  nothing in the log); one shorter than that logs nothing."""
+  from jaxconv.bench import harness
+  case = cases.parse_case_spec("2:9x11:4->8:3x3:p1", [])
+  kw = dict(Ts=(1, 2), repeats=2, min_repeats=2, budget_s=0.2, profile="never")
+  quiet, chatty = [], []
+  harness.time_entry(case, "float32", "fwd+bwd", log=quiet.append, **kw)
+  assert quiet == []
+  harness.time_entry(case, "float32", "fwd+bwd", log=chatty.append, slow_compile_s=1e-3, **kw)
+  for impl in ("jaxconv", "lax"):
+    assert any(m.startswith(f"{case.name} float32 fwd+bwd: compiling {impl} (T=1): still running after") for m in chatty)

@@ -151,7 +151,7 @@ def run(argv=None):
             prof = profile if profile != "first" else ("always" if first else "auto")
             res = time_entry(c, dt, op, impls=impls, Ts=Ts, repeats=repeats, min_repeats=3 if not quick else 2,
                              budget_s=budget, mem_budget=mem_budget, profile=prof, seed=args.seed,
-                             compiler_options=compiler_options)
+                             compiler_options=compiler_options, log=lambda m: _log(f"[jaxconv.bench] {m}"))
             first = False
             if args.torch and torch_bench.available():
                 sets = make_inputs(c, dt, 1, args.seed)

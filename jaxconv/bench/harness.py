@@ -10,9 +10,11 @@ by the host's dispatch work per input set; it stays the measure when the extensi
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
+import threading
 import time
 
 import numpy as np
@@ -163,24 +165,49 @@ def _rel_err(a, b):
     return float(np.max(np.abs(a - b))) / denom if a.size else 0.0
 
 
+@contextlib.contextmanager
+def _reported_while_slow(log, what, every_s):
+    """Calls log(...) every every_s seconds while the block runs. XLA compiles with the GIL released, so a cuDNN
+    autotuning that takes minutes shows in the log instead of a silent run cut off by a time guard."""
+    if log is None:
+        yield
+        return
+    t0, stop = time.perf_counter(), threading.Event()
+
+    def watch():
+        while not stop.wait(every_s):
+            log(f"{what}: still running after {time.perf_counter() - t0:.0f} s")
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def time_entry(case, dtype, op, impls=("jaxconv", "lax"), Ts=(1, 2, 4, 8, 16), repeats=10, min_repeats=3,
-               budget_s=20.0, mem_budget=8 << 30, profile="auto", seed=0, log=None, compiler_options=None):
+               budget_s=20.0, mem_budget=8 << 30, profile="auto", seed=0, log=None, compiler_options=None,
+               slow_compile_s=30.0):
     """Times one (case, dtype, op) for every implementation. Returns a result dict (see report.py for the schema).
 
     compiler_options: {impl: XLA compile options} for that implementation's compilations (e.g. lax's
     xla_gpu_autotune_level, cli.py's --lax-autotune-level); an unknown option name raises.
+    log: a callable taking one line; a compilation still running after slow_compile_s seconds is reported to it, and
+    again every slow_compile_s seconds.
     """
     timers = []
     try:
         return _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_budget, profile, seed,
-                           timers, compiler_options or {})
+                           timers, compiler_options or {}, log, slow_compile_s)
     finally:
         for timer in timers:
             timer.release()
 
 
 def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_budget, profile, seed, timers,
-                compiler_options):
+                compiler_options, log, slow_compile_s):
     import jax
     op = _cases.canon_op(op)
     _, _, itemsize = _cases.dtype_info(dtype)
@@ -202,6 +229,11 @@ def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_
 
     use_marks = stream_timer.available()
 
+    def compile_lowered(impl, lowered, T):
+        what = f"{case.name} {dtype} {op}: compiling {impl} (T={T})"
+        with _reported_while_slow(log, what, slow_compile_s):
+            return lowered.compile(compiler_options=compiler_options.get(impl))
+
     def compile_one(impl, T):
         r = res["impls"][impl]
         name = f"bench_{impl}_{re.sub('[^a-z0-9]', '', op)}_t{T}_u{_UID[0]}"
@@ -211,7 +243,7 @@ def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_
             timer = stream_timer.StreamTimer()
             timers.append(timer)
             fn = timer.wrap(fn)
-        c = jax.jit(fn).lower(sets[:T]).compile(compiler_options=compiler_options.get(impl))
+        c = compile_lowered(impl, jax.jit(fn).lower(sets[:T]), T)
         r["compile_s"] = r.get("compile_s", 0.0) + time.perf_counter() - t0
         compiled[impl][T] = (c, "jit_" + name, timer)
         return c
@@ -331,7 +363,7 @@ def _time_entry(case, dtype, op, impls, Ts, repeats, min_repeats, budget_s, mem_
             if timer is not None:  # the marked program's argument copies would count as busy time
                 name = mod[len("jit_"):] + "_prof"
                 lowered = jax.jit(batched(fns[impl], Ts[0], name)).lower(sets[:Ts[0]])
-                c, mod = lowered.compile(compiler_options=compiler_options.get(impl)), "jit_" + name
+                c, mod = compile_lowered(impl, lowered, Ts[0]), "jit_" + name
             per = max(est.get((impl, Ts[0]), 0.01), 1e-6)
             ncalls = int(max(2, min(10, 2.0 / per)))
             prof = profile_device_time(c, (sets[:Ts[0]],), mod, ncalls=ncalls)
