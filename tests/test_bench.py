@@ -236,3 +236,39 @@ def test_a_slow_compilation_is_reported_while_it_runs():
   harness.time_entry(case, "float32", "fwd+bwd", log=chatty.append, slow_compile_s=1e-3, **kw)
   for impl in ("jaxconv", "lax"):
     assert any(m.startswith(f"{case.name} float32 fwd+bwd: compiling {impl} (T=1): still running after") for m in chatty)
+
+
+def test_issue4_lists_measure_every_row_the_scorecard_scores(tmp_path):
+  """issue4_run.sh's lists, as it hands them to the harness, cover item 5: the forward of every suite case that
+  is not dense (nor grouped without being depthwise) and the fwd+bwd of every case the fwd+bwd target names, each
+  in bf16 and float32 HIGHEST."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  sys.path.insert(0, os.path.join(root, "benchmarks"))
+  import issue4_scorecard as sc
+  import re
+
+  fake = tmp_path / "py"  # records each harness call's arguments and writes an empty results.json to its --out
+  fake.write_text('#!/bin/bash\nprintf "%s\\n" "$@" >> "$CALLS"\necho ---- >> "$CALLS"\n'
+                  'prev=; for a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a" && echo \'{"results": []}\' > "$a/results.json";'
+                  ' prev=$a; done\n')
+  fake.chmod(0o755)
+  calls = tmp_path / "calls"
+  env = dict(os.environ, PY=str(fake), OUT=str(tmp_path / "out"), CALLS=str(calls))
+  subprocess.run(["bash", os.path.join(root, "benchmarks", "issue4_run.sh"), "fwd", "fb_fast", "fb_slow",
+                  "fb_conv1d_f32"], env=env, check=True, capture_output=True, text=True)
+  suite = cases.load_suite(os.path.join(root, "benchmarks", "suite.json"))
+  measured = set()
+  harness_calls = [c.splitlines() for c in calls.read_text().split("----\n")[:-1] if c.startswith("-m\n")]
+  assert len(harness_calls) == 5  # fwd, fb_fast, the two parts of fb_slow, fb_conv1d_f32
+  assert calls.read_text().split("----\n")[-2].startswith("benchmarks/issue4_scorecard.py\n")  # then the scorecard
+  for args in harness_calls:
+    opt = {k: args[args.index(k) + 1] for k in ("--ops", "--filter", "--dtypes")}
+    for c in suite:
+      if re.search(opt["--filter"], c.name):
+        measured |= {(c.name, cases.canon_op(o), d) for o in opt["--ops"].split(",") for d in opt["--dtypes"].split(",")}
+  as_dict = lambda c: {"in_channels": c.in_channels, "out_channels": c.out_channels, "groups": c.groups}
+  both = ("bfloat16", "float32-highest")
+  fwd = {(c.name, "fwd", d) for c in suite for d in both
+         if not sc.is_dense(as_dict(c)) and c.groups in (1, c.in_channels)}
+  fwdbwd = {(c.name, sc.FWDBWD, d) for c in suite for d in both if sc.is_fwdbwd_target(as_dict(c))}
+  assert len(fwdbwd) == 24 and fwd - measured == set() and fwdbwd - measured == set()
