@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -123,6 +124,19 @@ def test_flop_count_of_a_strided_grouped_case():
   assert case.flops("fwd") == 2 * 2 * oh * ow * 6 * (4 // 2) * 9
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A small case and quick timing settings for the tests that run the harness itself.
+_TINY_CASE = "2:9x11:4->8:3x3:p1"
+_TINY_TIMING = dict(Ts=(1, 2), repeats=2, min_repeats=2, budget_s=0.2, profile="never")
+
+
+def _import_scorecard():
+  """benchmarks/issue4_scorecard.py as a module (benchmarks/ is no package)."""
+  sys.path.insert(0, os.path.join(_ROOT, "benchmarks"))
+  import issue4_scorecard
+  return issue4_scorecard
+
+
 def _scorecard_verdicts(lines):
   """{case name: its 'target met' cell} from the scorecard's markdown table."""
   rows = [ln.strip("|").split("|") for ln in lines if ln.startswith("| ") and not ln.startswith("| case")]
@@ -132,8 +146,7 @@ def _scorecard_verdicts(lines):
 def test_issue4_scorecard_applies_the_forward_target():
   """A case meets the forward target at 1.5x lax, or within 1.25x its floor when not slower than lax; dense cases
   (16+ input and output channels, groups 1) are left out of the count and the geometric mean."""
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-  import issue4_scorecard as sc
+  sc = _import_scorecard()
 
   def rec(name, dtype, t_us, lax_us, pct_floor, cin=1, cout=1, groups=1):
     case = {"name": name, "in_channels": cin, "out_channels": cout, "groups": groups}
@@ -163,8 +176,7 @@ def test_issue4_scorecard_applies_the_forward_target():
 def test_issue4_scorecard_applies_the_fwdbwd_and_conv1d_targets(tmp_path):
   """fwd+bwd rows of the <= 4-channel and one-output msd cases meet at 10x lax or 1.5x the floor; other fwd+bwd
   rows are no target; the 1M conv1d float32 HIGHEST forward also needs <= 122 µs; several JSON files merge."""
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-  import issue4_scorecard as sc
+  sc = _import_scorecard()
 
   def rec(name, op, dtype, t_us, lax_us, pct_floor, cin=1, cout=1):
     case = {"name": name, "in_channels": cin, "out_channels": cout, "groups": 1}
@@ -205,13 +217,12 @@ def test_lax_compiler_options_reach_lax_compilations_only(tmp_path):
   """--lax-autotune-level sets lax's XLA options and no one else's: an unknown option fails lax's entry alone,
   a real one is recorded per entry, in the metadata and in the report."""
   from jaxconv.bench import harness
-  case = cases.parse_case_spec("2:9x11:4->8:3x3:p1", [])
-  kw = dict(Ts=(1, 2), repeats=2, min_repeats=2, budget_s=0.2, profile="never")
+  case, kw = cases.parse_case_spec(_TINY_CASE, []), _TINY_TIMING
   bad = harness.time_entry(case, "float32", "fwd", compiler_options={"lax": {"xla_no_such_option": 1}}, **kw)
   assert "xla_no_such_option" in bad["impls"]["lax"]["error"]
   assert bad["impls"]["jaxconv"]["time_s"] > 0 and "error" not in bad["impls"]["jaxconv"]
 
-  proc = subprocess.run([sys.executable, "-m", "jaxconv.bench", "--case", "2:9x11:4->8:3x3:p1", "--dtypes", "float32",
+  proc = subprocess.run([sys.executable, "-m", "jaxconv.bench", "--case", _TINY_CASE, "--dtypes", "float32",
                          "--ops", "fwd", "--ts", "1,2", "--repeats", "2", "--budget", "0.2", "--profile", "never",
                          "--no-plots", "--lax-autotune-level", "2", "--out", str(tmp_path)],
                         capture_output=True, text=True, timeout=300)
@@ -228,8 +239,7 @@ def test_a_slow_compilation_is_reported_while_it_runs():
   """A compilation past slow_compile_s is logged while it runs (lax's autotuning once outlasted a device call with
   nothing in the log); one shorter than that logs nothing."""
   from jaxconv.bench import harness
-  case = cases.parse_case_spec("2:9x11:4->8:3x3:p1", [])
-  kw = dict(Ts=(1, 2), repeats=2, min_repeats=2, budget_s=0.2, profile="never")
+  case, kw = cases.parse_case_spec(_TINY_CASE, []), _TINY_TIMING
   quiet, chatty = [], []
   harness.time_entry(case, "float32", "fwd+bwd", log=quiet.append, **kw)
   assert quiet == []
@@ -242,10 +252,7 @@ def test_issue4_lists_measure_every_row_the_scorecard_scores(tmp_path):
   """issue4_run.sh's lists, as it hands them to the harness, cover item 5: the forward of every suite case that
   is not dense (nor grouped without being depthwise) and the fwd+bwd of every case the fwd+bwd target names, each
   in bf16 and float32 HIGHEST."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  sys.path.insert(0, os.path.join(root, "benchmarks"))
-  import issue4_scorecard as sc
-  import re
+  sc = _import_scorecard()
 
   fake = tmp_path / "py"  # records each harness call's arguments and writes an empty results.json to its --out
   fake.write_text('#!/bin/bash\nprintf "%s\\n" "$@" >> "$CALLS"\necho ---- >> "$CALLS"\n'
@@ -254,9 +261,9 @@ def test_issue4_lists_measure_every_row_the_scorecard_scores(tmp_path):
   fake.chmod(0o755)
   calls = tmp_path / "calls"
   env = dict(os.environ, PY=str(fake), OUT=str(tmp_path / "out"), CALLS=str(calls))
-  subprocess.run(["bash", os.path.join(root, "benchmarks", "issue4_run.sh"), "fwd", "fb_fast", "fb_slow",
+  subprocess.run(["bash", os.path.join(_ROOT, "benchmarks", "issue4_run.sh"), "fwd", "fb_fast", "fb_slow",
                   "fb_conv1d_f32"], env=env, check=True, capture_output=True, text=True)
-  suite = cases.load_suite(os.path.join(root, "benchmarks", "suite.json"))
+  suite = cases.load_suite(os.path.join(_ROOT, "benchmarks", "suite.json"))
   measured = set()
   harness_calls = [c.splitlines() for c in calls.read_text().split("----\n")[:-1] if c.startswith("-m\n")]
   assert len(harness_calls) == 5  # fwd, fb_fast, the two parts of fb_slow, fb_conv1d_f32
