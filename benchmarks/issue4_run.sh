@@ -10,11 +10,11 @@
 # fb_fast: forward+backward of the undilated msd cases with <= 4 channels or one output channel (163 s);
 # fb_slow: forward+backward of the dilated 1 -> 1 msd cases (lax's gradients take 40-200 ms) in both dtypes and
 #          of the long 1-D filters in bf16 (about 90 s on an H100);
-# fb_conv1d_f32: forward+backward of the long 1-D filters in float32 HIGHEST, in a call of its own: lax's
-#          compilation (cuDNN autotuning at XLA's default level) of these gradients had not finished after 150 s
-#          (1M) and 235 s (1.5M) on an H100 (2026-11-28), and one hung measurement stops a list until its guard.
-#          So this list compiles lax with --lax-autotune-level 2: still autotuned, without checking each
-#          candidate's results (not yet tried on a GPU).
+# fb_conv1d_f32: forward+backward of the long 1-D filters in float32 HIGHEST, in a call of its own. lax's
+#          compilation of these gradients, cuDNN's autotuning, had not finished after 150 s (1M) and 235 s (1.5M) on
+#          an H100 at XLA's default level 4, nor after 520 s (1M) on an H200 at level 2 (2026-11-28). So this list
+#          compiles lax with --lax-autotune-level 0, cuDNN's heuristic choice without autotuning (an H200 compiled
+#          each in 0.2 s); the scorecard names that level beside lax's times.
 # focus:   the rows that sat near their thresholds on the H100 (msd 4->4; msd 1->1 256², whose float32 forward was
 #          1.05x lax; MobileNetV2's 3x3 layers), fwd and fwd+bwd, with six times the timing budget, T up to 16 and 10
 #          repeats (about 4 min); the scorecard takes these rows in place of the same rows of the other lists.
@@ -51,7 +51,7 @@ for l in $lists; do
     fb_slow)
       run_list fb_slow fwdbwd '^seed_msd_1to1_3x3_dil' $both
       run_list fb_conv1d fwdbwd '^seed_conv1d_1' bfloat16 ;;
-    fb_conv1d_f32) run_list fb_conv1d_f32 fwdbwd '^seed_conv1d_1' float32-highest --lax-autotune-level 2 ;;
+    fb_conv1d_f32) run_list fb_conv1d_f32 fwdbwd '^seed_conv1d_1' float32-highest --lax-autotune-level 0 ;;
     focus) run_list focus fwd,fwdbwd '^(seed_msd_4to4_3x3_512$|seed_msd_1to1_3x3_256$|mobilenetv2_dw3x3_)' $both \
       --budget 6 --ts 1,2,4,8,16 --repeats 10 ;;
     *) echo "unknown list $l"; exit 2 ;;

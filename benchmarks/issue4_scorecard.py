@@ -10,6 +10,7 @@ Usage: python benchmarks/issue4_scorecard.py RESULTS_JSON [RESULTS_JSON ...] > s
 - conv1d 1M x 2047 float32 HIGHEST forward: at most 122 µs (2x its FP32-FMA floor).
 - Every row: within 2x of its floor, or RESULTS.md explains what stops it (the last column says which rows need
   that).
+- A row whose lax was compiled with XLA options of its own (--lax-autotune-level) names them beside lax's time.
 Prints one table row per measurement and a summary line per target. A row (case, op, dtype) found in several files is
 taken from the last of them (issue4_run.sh's focus list re-measures rows near their thresholds with more samples).
 """
@@ -80,7 +81,10 @@ def scorecard(results):
       fb[1] += 1
     else:
       text = "not a target"
-    lines.append(f"| {case['name']} | {op} | {DTYPE_LABEL.get(r['dtype'], r['dtype'])} | {t:.3g} | {t_lax:.3g} | "
+    # lax compiled with other XLA options (issue4_run.sh's fb_conv1d_f32 list: no autotuning) says so in its cell.
+    opts = lx.get("compiler_options")
+    lax_cell = f"{t_lax:.3g}" + (f" ({', '.join(f'{k}={v}' for k, v in sorted(opts.items()))})" if opts else "")
+    lines.append(f"| {case['name']} | {op} | {DTYPE_LABEL.get(r['dtype'], r['dtype'])} | {t:.3g} | {lax_cell} | "
                  f"{ratio:.2f} | {x_floor:.2f} | {jc['time_source']} | {text} | "
                  f"{'yes' if x_floor <= 2.0 else '**no**: RESULTS.md'} |")
   every = [x for v in ratios.values() for x in v]

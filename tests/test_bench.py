@@ -211,6 +211,10 @@ def test_issue4_scorecard_applies_the_fwdbwd_and_conv1d_targets(tmp_path):
                        check=True).stdout.splitlines()
   assert _scorecard_verdicts(out)["fb_short"] == "yes" and sum(ln.startswith("| fb_short ") for ln in out) == 1
   assert "fwd+bwd: met 3 of 3" in out[-1]
+  # lax compiled without autotuning (the float32 conv1d list) is named beside lax's time; other rows say nothing.
+  fb[0]["impls"]["lax"]["compiler_options"] = {"xla_gpu_autotune_level": 0}
+  cells = {c[0].strip(): c[4].strip() for c in (ln.strip("|").split("|") for ln in sc.scorecard({"results": fb})[2:6])}
+  assert cells["fb_10x"] == "120 (xla_gpu_autotune_level=0)" and cells["fb_floor"] == "20"
 
 
 def test_lax_compiler_options_reach_lax_compilations_only(tmp_path):

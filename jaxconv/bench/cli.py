@@ -52,11 +52,12 @@ def build_parser():
                         "first = the first measurement plus poor fits (--quick default)")
     p.add_argument("--lax-autotune-level", type=int, choices=range(5), metavar="{0..4}",
                    help="XLA's xla_gpu_autotune_level for lax's compilations only. XLA's default, 4, also checks "
-                        "every candidate cuDNN algorithm's results against a reference, which for large float32 "
-                        "problems can outlast a device session (the 1M x 2047 conv1d's HIGHEST gradients took over "
-                        "200 s); 2 autotunes on initialised data without that check, so lax still runs the fastest "
-                        "algorithm it measured (one that the check would have rejected only makes lax look faster); "
-                        "0 does not autotune. Recorded in the metadata and the report")
+                        "every candidate cuDNN algorithm's results against a reference; 2 autotunes on initialised "
+                        "data without that check, so lax still runs the fastest algorithm it measured (one that the "
+                        "check would have rejected only makes lax look faster); 0 does not autotune and takes cuDNN's "
+                        "heuristic choice. For large float32 problems autotuning can outlast a device session (the "
+                        "1M x 2047 conv1d's HIGHEST gradients: over 200 s at 4, over 520 s at 2; 0.2 s at 0). "
+                        "Recorded in the metadata and the report")
     p.add_argument("--jaxconv-tensor-cores", action="store_true",
                    help="jaxconv's kernels use tensor cores: its own floor uses the best path's peak")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
