@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "conv_params.h"
+#include "core/conv_params.h"
 
 namespace jaxconv {
 namespace cpu {

@@ -5,16 +5,16 @@
 #include <cstdint>
 #include <string>
 
-#include "conv_params.h"
+#include "core/conv_params.h"
+#include "core/types.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxconv {
 
 namespace ffi = xla::ffi;
 
-enum class Op { kFwd, kDgrad, kWgrad };
-
-inline const char* OpName(Op op) {
+// The custom-call target of an op, for error messages.
+inline const char* TargetName(Op op) {
   switch (op) {
     case Op::kFwd: return "jaxconv_fwd";
     case Op::kDgrad: return "jaxconv_dgrad";
@@ -22,9 +22,19 @@ inline const char* OpName(Op op) {
   }
 }
 
+// The element type of a buffer, false for types the ops do not take.
+inline bool ToDType(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = DType::kF32; return true;
+    case ffi::DataType::F64: *out = DType::kF64; return true;
+    case ffi::DataType::BF16: *out = DType::kBF16; return true;
+    case ffi::DataType::F16: *out = DType::kF16; return true;
+    default: return false;
+  }
+}
 inline bool IsFloatType(ffi::DataType t) {
-  return t == ffi::DataType::F32 || t == ffi::DataType::F64 || t == ffi::DataType::BF16 ||
-         t == ffi::DataType::F16;
+  DType d;
+  return ToDType(t, &d);
 }
 
 inline std::string DimsString(ffi::Span<const int64_t> d) {
@@ -40,7 +50,7 @@ inline ffi::Error CheckBuffer(const ConvParams& p, Op op, Tensor t, const char* 
   bool ok = static_cast<int>(got.size()) == rank;
   for (int i = 0; ok && i < rank; ++i) ok = got[i] == dims[i];
   if (!ok) {
-    return ffi::Error::InvalidArgument(std::string(OpName(op)) + ": buffer " + name + " has shape " +
+    return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": buffer " + name + " has shape " +
                                        DimsString(got) + ", expected " +
                                        DimsString(ffi::Span<const int64_t>(dims, rank)));
   }
@@ -53,7 +63,7 @@ inline ffi::Error DecodeAndValidate(Op op, ffi::Span<const int64_t> values, cons
                                     const ffi::AnyBuffer& b, const ffi::AnyBuffer* bias,
                                     const ffi::AnyBuffer& out, ConvParams* p) {
   std::string err = DecodeParams(values.begin(), static_cast<int64_t>(values.size()), p);
-  if (!err.empty()) return ffi::Error::InvalidArgument(std::string(OpName(op)) + ": " + err);
+  if (!err.empty()) return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": " + err);
   const Tensor ta = op == Op::kDgrad ? Tensor::kY : Tensor::kX;
   const Tensor tb = op == Op::kWgrad ? Tensor::kY : Tensor::kW;
   const Tensor tout = op == Op::kFwd ? Tensor::kY : op == Op::kDgrad ? Tensor::kX : Tensor::kW;
@@ -65,26 +75,37 @@ inline ffi::Error DecodeAndValidate(Op op, ffi::Span<const int64_t> values, cons
   if (auto e = CheckBuffer(*p, op, tout, nout, out); e.failure()) return e;
   const ffi::DataType in_t = a.element_type(), out_t = out.element_type();
   if (!IsFloatType(in_t) || b.element_type() != in_t) {
-    return ffi::Error::InvalidArgument(std::string(OpName(op)) + ": operands " + na + " and " + nb +
+    return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": operands " + na + " and " + nb +
                                        " must share one dtype of f32, f64, bf16, f16");
   }
   const bool out_ok = out_t == in_t || (out_t == ffi::DataType::F32 && in_t != ffi::DataType::F64);
   if (!out_ok) {
-    return ffi::Error::InvalidArgument(std::string(OpName(op)) + ": result " + nout +
+    return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": result " + nout +
                                        " must have the operands' dtype or f32");
   }
   if (op != Op::kFwd && (p->has_bias[0] != 0 || p->activation[0] != kActNone)) {
-    return ffi::Error::InvalidArgument(std::string(OpName(op)) + ": bias/activation apply to fwd only");
+    return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": bias/activation apply to fwd only");
   }
   if (bias != nullptr) {
     const int64_t want = p->has_bias[0] ? p->k[0] : 0;
     if (bias->dimensions().size() != 1 || bias->dimensions()[0] != want || bias->element_type() != out_t) {
-      return ffi::Error::InvalidArgument(std::string(OpName(op)) + ": bias must be a vector of " +
+      return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": bias must be a vector of " +
                                          std::to_string(want) + " elements of the result dtype, got " +
                                          DimsString(bias->dimensions()));
     }
   }
   return ffi::Error::Success();
+}
+
+// Ops that need no kernel: an empty result, or an empty reduction (an operand with no elements), whose result is
+// zeros except for a forward with a bias (act(bias) everywhere, which the kernels write without looping over the
+// reduction). The declared geometry of an empty operand may be huge: no kernel may loop over it.
+enum class EmptyOp { kNo, kNothingToWrite, kZeros };
+inline EmptyOp EmptyOpOf(Op op, const ConvParams& p, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                         const ffi::AnyBuffer& out) {
+  if (out.element_count() == 0) return EmptyOp::kNothingToWrite;
+  if (a.element_count() != 0 && b.element_count() != 0) return EmptyOp::kNo;
+  return op == Op::kFwd && p.has_bias[0] ? EmptyOp::kNo : EmptyOp::kZeros;
 }
 
 }  // namespace jaxconv

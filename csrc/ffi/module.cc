@@ -7,15 +7,16 @@
 #include <string>
 #include <vector>
 
-#include "algorithms.h"
-#include "conv_params.h"
+#include "core/conv_params.h"
+#include "core/types.h"
+#include "dispatch/registry.h"
 #include "ffi/stream_timer.h"
 #include "xla/ffi/api/api.h"
 
 #ifdef JAXCONV_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/kernels.h"
+#include "kernels/shared/kernels.h"
 #endif
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxconvFwdCpu);
@@ -36,12 +37,47 @@ namespace py = pybind11;
 
 namespace {
 
-// Bytes of an element of a dtype name (the predicates' ElemBytes); unknown names throw.
-int DtypeBytes(const std::string& d) {
-  if (d == "float64") return 8;
-  if (d == "float32") return 4;
-  if (d == "bfloat16" || d == "float16") return 2;
+jaxconv::DType ParseDType(const std::string& d) {
+  for (int t = 0; t < jaxconv::kNumDTypes; ++t) {
+    const auto dt = static_cast<jaxconv::DType>(t);
+    if (d == jaxconv::DTypeName(dt)) return dt;
+  }
   throw py::value_error("jaxconv: unsupported dtype " + d);
+}
+
+jaxconv::Op ParseOp(const std::string& op) {
+  if (op == "fwd") return jaxconv::Op::kFwd;
+  if (op == "dgrad") return jaxconv::Op::kDgrad;
+  if (op == "wgrad") return jaxconv::Op::kWgrad;
+  throw py::value_error("jaxconv: unknown op " + op + " (expected fwd, dgrad or wgrad)");
+}
+
+// The Problem of packed params, op and dtype names, and a device (arch, sms, smem_optin) or None for a default Hopper.
+jaxconv::Problem MakeProblem(const char* fn, const std::string& op, const std::vector<int64_t>& params,
+                             const std::string& dtype, const std::string& out_dtype, const py::object& device) {
+  jaxconv::Problem pr;
+  const std::string err = jaxconv::DecodeParams(params.data(), static_cast<int64_t>(params.size()), &pr.p);
+  if (!err.empty()) throw py::value_error(std::string(fn) + ": " + err);
+  pr.op = ParseOp(op);
+  pr.in = ParseDType(dtype);
+  pr.out = ParseDType(out_dtype);
+  if (device.is_none()) {
+    pr.dev = jaxconv::DefaultDevice(90);
+  } else {
+    const auto t = device.cast<std::tuple<int, int64_t, int64_t>>();
+    pr.dev.arch = std::get<0>(t);
+    pr.dev.sms = std::get<1>(t);
+    pr.dev.smem_optin = std::get<2>(t);
+  }
+  return pr;
+}
+
+py::list MaskNames(unsigned mask, int count, const char* (*name)(int)) {
+  py::list out;
+  for (int i = 0; i < count; ++i) {
+    if (mask & (1u << i)) out.append(name(i));
+  }
+  return out;
 }
 
 template <typename T>
@@ -88,42 +124,89 @@ PYBIND11_MODULE(_jaxconv_native, m) {
       "[(name, count)] of the packed int64 `params` attribute, in order.");
 
   m.def(
-      "algorithm_error",
-      [](const std::vector<int64_t>& params, const std::string& dtype, const std::string& out_dtype) -> std::string {
-        jaxconv::ConvParams p;
-        const std::string err = jaxconv::DecodeParams(params.data(), static_cast<int64_t>(params.size()), &p);
-        if (!err.empty()) throw py::value_error("algorithm_error: " + err);
-        std::string why;
-        const jaxconv::ElemBytes eb{DtypeBytes(dtype), DtypeBytes(out_dtype)};
-        return jaxconv::ResolveAlgorithm(p, eb, &why) < 0 ? why : std::string();
+      "variants",
+      [] {
+        py::list out;
+        for (int i = 0; i < jaxconv::NumVariants(); ++i) {
+          const jaxconv::Variant& v = jaxconv::VariantAt(i);
+          py::dict d;
+          d["name"] = v.name;
+          d["family"] = v.family;
+          d["also"] = v.also;
+          d["ops"] = MaskNames(v.ops, jaxconv::kNumOps,
+                               [](int i) { return jaxconv::OpName(static_cast<jaxconv::Op>(i)); });
+          d["dtypes"] = MaskNames(v.dtypes, jaxconv::kNumDTypes,
+                                  [](int i) { return jaxconv::DTypeName(static_cast<jaxconv::DType>(i)); });
+          d["file"] = v.file;
+          d["summary"] = v.summary;
+          out.append(d);
+        }
+        return out;
       },
-      py::arg("params"), py::arg("dtype"), py::arg("out_dtype"),
-      "Why the packed params' forced algorithm cannot run the problem on the GPU with these operand and result "
-      "dtype names ('' when it can, or for auto).");
+      "The variant registry in auto's order: [dict(name, family, also, ops, dtypes, file, summary)].");
 
   m.def(
-      "workspace_bytes",
-      [](const std::string& op, const std::vector<int64_t>& params, const std::string& dtype,
-         const std::string& out_dtype) -> int64_t {
-        jaxconv::ConvParams p;
-        const std::string err = jaxconv::DecodeParams(params.data(), static_cast<int64_t>(params.size()), &p);
-        if (!err.empty()) throw py::value_error("workspace_bytes: " + err);
-        if (op != "fwd" && op != "dgrad" && op != "wgrad") throw py::value_error("workspace_bytes: unknown op " + op);
-#ifdef JAXCONV_WITH_CUDA
-        using jaxconv::cuda::CudaOp;
-        using jaxconv::cuda::DT;
-        const CudaOp cop = op == "fwd" ? CudaOp::kFwd : op == "dgrad" ? CudaOp::kDgrad : CudaOp::kWgrad;
-        auto to_dt = [](const std::string& d) {
-          return d == "float64" ? DT::kF64 : d == "bfloat16" ? DT::kBF16 : d == "float16" ? DT::kF16 : DT::kF32;
-        };
-        return static_cast<int64_t>(jaxconv::cuda::WorkspaceBytes(p, cop, to_dt(dtype), to_dt(out_dtype)));
-#else
-        return 0;
-#endif
+      "families",
+      [] {
+        py::list out;
+        for (int f = 1; f <= jaxconv::NumFamilies(); ++f) out.append(jaxconv::FamilyName(f));
+        return out;
       },
-      py::arg("op"), py::arg("params"), py::arg("dtype"), py::arg("out_dtype"),
-      "Bytes of device workspace the CUDA kernels of `op` ('fwd', 'dgrad', 'wgrad') need for the packed "
-      "params and the operand and result dtype names; 0 without CUDA.");
+      "The family selector names, in the order of their request codes (1-based).");
+
+  m.def("request_of", [](const std::string& name) { return jaxconv::RequestOf(name); }, py::arg("name"),
+        "The params.algorithm code of 'auto', a family or a variant name; -1 for an unknown name.");
+
+  m.def("has_kernels", &jaxconv::HasKernels, "Whether the build has the CUDA kernels (and their predicates).");
+
+  m.def(
+      "resolve",
+      [](const std::string& op, const std::vector<int64_t>& params, const std::string& dtype,
+         const std::string& out_dtype, const py::object& device) {
+        const jaxconv::Problem pr = MakeProblem("resolve", op, params, dtype, out_dtype, device);
+        std::string why;
+        const int i = jaxconv::Resolve(pr, pr.p.algorithm[0], &why);
+        const int64_t ws = i >= 0 ? static_cast<int64_t>(jaxconv::VariantAt(i).workspace(pr)) : 0;
+        return py::make_tuple(i, i >= 0 ? std::string(jaxconv::VariantAt(i).name) : std::string(), ws, why);
+      },
+      py::arg("op"), py::arg("params"), py::arg("dtype"), py::arg("out_dtype"), py::arg("device") = py::none(),
+      "(index, name, workspace bytes, why) of the variant the request in the packed params runs on the device "
+      "(arch, sms, smem_optin), or a default Hopper for None; index -1 and why when none does.");
+
+  m.def(
+      "explain",
+      [](const std::string& op, const std::vector<int64_t>& params, const std::string& dtype,
+         const std::string& out_dtype, const py::object& device) {
+        const jaxconv::Problem pr = MakeProblem("explain", op, params, dtype, out_dtype, device);
+        py::list out;
+        for (int i = 0; i < jaxconv::NumVariants(); ++i) {
+          std::string r = jaxconv::VariantError(i, pr);
+          const jaxconv::Variant& v = jaxconv::VariantAt(i);
+          std::string prefer = r.empty() && v.prefer != nullptr ? v.prefer(pr) : std::string();
+          out.append(py::make_tuple(v.name, r, prefer));
+        }
+        return out;
+      },
+      py::arg("op"), py::arg("params"), py::arg("dtype"), py::arg("out_dtype"), py::arg("device") = py::none(),
+      "[(name, why it does not apply or '', why auto passes it over or '')] for every variant, in table order.");
+
+  m.def(
+      "device_info",
+      [](int ordinal) -> py::object {
+#ifdef JAXCONV_WITH_CUDA
+        jaxconv::Device d;
+        if (jaxconv::cuda::QueryDevice(ordinal, &d)) return py::make_tuple(d.arch, d.sms, d.smem_optin);
+#endif
+        return py::none();
+      },
+      py::arg("ordinal"), "(arch, sms, smem_optin) of CUDA device `ordinal`, or None (no CUDA build or no GPU).");
+
+  m.def(
+      "default_device", [](int arch) {
+        const jaxconv::Device d = jaxconv::DefaultDevice(arch);
+        return py::make_tuple(d.arch, d.sms, d.smem_optin);
+      },
+      py::arg("arch"), "(arch, sms, smem_optin) the registry assumes for a GPU of this compute capability.");
 
   // The benchmarks' in-stream timer (stream_timer.h).
   m.def("timer_create", &jaxconv::TimerCreate, "A new id for jaxconv_timer_mark's `timer` attribute.");

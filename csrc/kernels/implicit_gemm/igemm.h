@@ -20,7 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/kernels.h"
+#include "kernels/shared/kernels.h"
 
 namespace jaxconv {
 namespace cuda {
@@ -40,10 +40,10 @@ struct IgemmProblem {
 enum class IgemmMath { kBF16, kF16, kTF32, k3xTF32 };
 // A call's arithmetic: float32 follows lax on the GPU, DEFAULT may use TF32; HIGH and HIGHEST get the ~FP32-accurate
 // 3xTF32.
-inline IgemmMath MathFor(const ConvParams& p, DT in) {
+inline IgemmMath MathFor(const ConvParams& p, DType in) {
   switch (in) {
-    case DT::kBF16: return IgemmMath::kBF16;
-    case DT::kF16: return IgemmMath::kF16;
+    case DType::kBF16: return IgemmMath::kBF16;
+    case DType::kF16: return IgemmMath::kF16;
     default: return p.precision[0] == kPrecisionDefault ? IgemmMath::kTF32 : IgemmMath::k3xTF32;
   }
 }
@@ -74,9 +74,9 @@ struct IgemmArgs {
 //   Run: enqueues the op on `stream` (no allocation, no synchronisation), returns the first CUDA error;
 //     cudaErrorNotSupported when the problem is not supported, cudaErrorInvalidValue on a short workspace.
 // The sm90 functions report Supports == false when the build has no sm_90a code.
-bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math);
-size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math);
-cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,
+bool IgemmSm90Supports(const IgemmProblem& pr, Op op, IgemmMath math);
+size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, Op op, IgemmMath math);
+cudaError_t IgemmSm90Run(const IgemmProblem& pr, Op op, IgemmMath math, const IgemmArgs& args,
                          cudaStream_t stream);
 
 // The large-window TF32 forward (igemm_sm90.cu, Hopper): float32 operands as TF32, f32 y. A 1-D or 2-D problem (D =
@@ -107,9 +107,9 @@ bool IgemmSm90ScatterFwdSupports(const IgemmProblem* prs, int count, IgemmMath m
 cudaError_t IgemmSm90ScatterFwdRun(const IgemmScatterPhase* phases, int count, IgemmMath math,
                                    const int64_t out_stride[4], cudaStream_t stream);
 
-bool IgemmSm80Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math);
-size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math);
-cudaError_t IgemmSm80Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,
+bool IgemmSm80Supports(const IgemmProblem& pr, Op op, IgemmMath math);
+size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, Op op, IgemmMath math);
+cudaError_t IgemmSm80Run(const IgemmProblem& pr, Op op, IgemmMath math, const IgemmArgs& args,
                          cudaStream_t stream);
 
 // ---- gemm1x1_sm90.cu: 1x1 convolutions as Hopper GEMMs (CUTLASS 3.x, TMA + wgmma, two consumer warpgroups) ----
@@ -123,18 +123,18 @@ cudaError_t IgemmSm80Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, cons
 // WorkspaceBytes a function of the problem alone; Run enqueues only: cudaErrorNotSupported with nothing enqueued when
 // it does not take the problem, cudaErrorInvalidValue on a short workspace). Always "not supported" in builds without
 // sm_90a code.
-bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out);
-size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out);
-cudaError_t Gemm1x1Sm90Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,
+bool Gemm1x1Sm90Supports(const ConvParams& p, Op op, DType in, DType out);
+size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, Op op, DType in, DType out);
+cudaError_t Gemm1x1Sm90Run(const ConvParams& p, Op op, DType in, DType out, const void* a, const void* b,
                            const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s);
 
 // ---- im2col_gemm.cu: first layers (c * element size < 16 bytes, more than one tap) as 1x1 problems ----
 // The window is unrolled into a (pixels, taps*c) matrix and the 1x1 problem runs through ImplicitGemmRun (see
 // the file). Applies: the routing predicate (pure host code); the other two follow ImplicitGemm*'s contract,
 // Run returning cudaErrorNotSupported (nothing enqueued) on a short workspace.
-bool Im2colGemmApplies(const ConvParams& p, DT in);
-size_t Im2colGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo);
-cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
+bool Im2colGemmApplies(const ConvParams& p, DType in);
+size_t Im2colGemmWorkspaceBytes(const ConvParams& p, Op op, DType in, int64_t algo);
+cudaError_t Im2colGemmRun(const ConvParams& p, Op op, DType in, DType out, int64_t algo, const void* a, const void* b,
                           const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s);
 
 }  // namespace cuda

@@ -25,7 +25,7 @@
 // dtype. No atomics, no in-kernel cross-CTA reduction: reruns are bitwise equal.
 //
 // Built only with JAXCONV_IGEMM_SM90 (sm_90a); otherwise the entry points report "not supported".
-#include "cuda/igemm.h"
+#include "kernels/implicit_gemm/igemm.h"
 
 #include <cuda_runtime.h>
 
@@ -35,7 +35,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/common.cuh"
+#include "kernels/shared/common.cuh"
 
 #if defined(JAXCONV_IGEMM_SM90) && JAXCONV_IGEMM_SM90
 #define JAXCONV_GEMM1X1_KERNELS 1
@@ -49,7 +49,7 @@
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cuda/cutlass_act.cuh"
+#include "kernels/shared/cutlass_act.cuh"
 #include "cutlass/epilogue/thread/linear_combination.h"
 #include "cutlass/gemm/device/gemm_universal.h"
 #else
@@ -87,18 +87,18 @@ Dims DimsOf(const ConvParams& p) { return {p.n[0] * SpatialCount(p.in), p.c[0], 
 
 // Everything but the kernels' own can_implement. float32 runs here only as TF32 (DEFAULT precision, as lax);
 // HIGH and HIGHEST take the conv kernels' 3xTF32.
-[[maybe_unused]] bool BasicSupports(const ConvParams& p, CudaOp op, DT in, DT out) {
-  const bool tf32 = in == DT::kF32 && p.precision[0] == kPrecisionDefault;
-  if (in != DT::kBF16 && in != DT::kF16 && !tf32) return false;
-  if (op == CudaOp::kWgrad ? (out != in && out != DT::kF32) : out != in) return false;
+[[maybe_unused]] bool BasicSupports(const ConvParams& p, Op op, DType in, DType out) {
+  const bool tf32 = in == DType::kF32 && p.precision[0] == kPrecisionDefault;
+  if (in != DType::kBF16 && in != DType::kF16 && !tf32) return false;
+  if (op == Op::kWgrad ? (out != in && out != DType::kF32) : out != in) return false;
   if (p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
   for (int d = 0; d < 3; ++d) {
     if (p.win[d] != 1 || p.stride[d] != 1 || p.pad_lo[d] != 0 || p.pad_hi[d] != 0) return false;
     if (p.rhs_dil[d] != 1 || p.lhs_dil[d] != 1 || p.in[d] < 1 || p.out[d] != p.in[d]) return false;
   }
-  if (op == CudaOp::kFwd && (p.activation[0] < kActNone || p.activation[0] > kActSilu)) return false;
+  if (op == Op::kFwd && (p.activation[0] < kActNone || p.activation[0] > kActSilu)) return false;
   const Dims g = DimsOf(p);
-  const int64_t vec = in == DT::kF32 ? 4 : 8;  // 16-byte TMA rows
+  const int64_t vec = in == DType::kF32 ? 4 : 8;  // 16-byte TMA rows
   if (p.n[0] < 1 || g.c < 1 || g.k < 1 || g.c % vec != 0 || g.k % vec != 0) return false;
   // CUTLASS's problem shape is int; TMA coordinates are int32 per mode.
   if (g.m > INT32_MAX || g.c > INT32_MAX || g.k > INT32_MAX) return false;
@@ -150,18 +150,18 @@ size_t WgradPartialBytes(const Dims& g, int64_t tile_k, int64_t tile_m) {
 // Whether the op's GEMM N (fwd and wgrad k, dgrad c) takes the kNarrowTileN-wide tiles: N at most 64, or (fwd,
 // dgrad) fewer 128x128 tiles than an H100 has SMs, where half-width tiles put twice as many SMs to work (as the
 // conv kernels' FwdTileOf in igemm_sm90.cu). kPlanSms, not the device's count: Supports must not query the device.
-bool NarrowN(const Dims& g, CudaOp op) {
-  const int64_t n = op == CudaOp::kDgrad ? g.c : g.k;
+bool NarrowN(const Dims& g, Op op) {
+  const int64_t n = op == Op::kDgrad ? g.c : g.k;
   if (n <= kNarrowTileN) return true;
-  return op != CudaOp::kWgrad && CeilDiv(g.m, kTileM) * CeilDiv(n, kTileN) < kPlanSms;
+  return op != Op::kWgrad && CeilDiv(g.m, kTileM) * CeilDiv(n, kTileN) < kPlanSms;
 }
 
 // 16-bit fwd/dgrad that NarrowN puts on small tiles although N is over 64 take 64x128 tiles instead: about as many
 // tiles, and one warpgroup's m64n128k16 reads 6 KB of shared memory per 64 tensor-core cycles where the two
 // m64n64k16 of a 128x64 tile read 8 KB, all that the SM's shared memory delivers in that time.
 constexpr int kTallTileM = 64;
-bool TallM(const Dims& g, CudaOp op) {
-  return op != CudaOp::kWgrad && (op == CudaOp::kDgrad ? g.c : g.k) > kNarrowTileN && NarrowN(g, op);
+bool TallM(const Dims& g, Op op) {
+  return op != Op::kWgrad && (op == Op::kDgrad ? g.c : g.k) > kNarrowTileN && NarrowN(g, op);
 }
 
 using namespace cute;
@@ -381,11 +381,11 @@ cudaError_t Launch(const typename Gemm::Arguments& args, void* ws, cudaStream_t 
 
 // The kernels' own workspace (the persistent scheduler needs none; kept general). Pointers play no part.
 template <class T, int TN, int TM>
-size_t KernelWorkspace(const Dims& g, CudaOp op) {
+size_t KernelWorkspace(const Dims& g, Op op) {
   switch (op) {
-    case CudaOp::kFwd:
+    case Op::kFwd:
       return FwdGemm<T, TN, TM>::get_workspace_size(FwdArgs<T, TN, TM>(g, nullptr, nullptr, nullptr, 0, nullptr));
-    case CudaOp::kDgrad:
+    case Op::kDgrad:
       return DgradGemm<T, TN, TM>::get_workspace_size(DgradArgs<T, TN, TM>(g, nullptr, nullptr, nullptr));
     default:
       return WithWgradKernel<T, TN>(g, [&](auto kern, const WgradPlan& pl) {
@@ -400,11 +400,11 @@ size_t KernelWorkspace(const Dims& g, CudaOp op) {
 }
 
 template <class T, int TN, int TM>
-bool KernelsImplement(const Dims& g, CudaOp op) {
+bool KernelsImplement(const Dims& g, Op op) {
   switch (op) {
-    case CudaOp::kFwd:
+    case Op::kFwd:
       return CanImplement<FwdGemm<T, TN, TM>>(FwdArgs<T, TN, TM>(g, nullptr, nullptr, nullptr, 0, nullptr));
-    case CudaOp::kDgrad: return CanImplement<DgradGemm<T, TN, TM>>(DgradArgs<T, TN, TM>(g, nullptr, nullptr, nullptr));
+    case Op::kDgrad: return CanImplement<DgradGemm<T, TN, TM>>(DgradArgs<T, TN, TM>(g, nullptr, nullptr, nullptr));
     default:
       return WithWgradKernel<T, TN>(g, [&](auto kern, const WgradPlan& pl) {
         using K = decltype(kern);
@@ -416,20 +416,20 @@ bool KernelsImplement(const Dims& g, CudaOp op) {
 
 // Workspace: [wgrad f32 partial slices, 256-aligned][kernel workspace].
 template <class T, int TN, int TM>
-cudaError_t RunTyped(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b, const void* bias,
+cudaError_t RunTyped(const ConvParams& p, Op op, DType in, DType out, const void* a, const void* b, const void* bias,
                      void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   const Dims g = DimsOf(p);
-  const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>(), WgradTileM<T>(g)) : 0;
+  const size_t partial = op == Op::kWgrad ? WgradPartialBytes(g, TileK<T>(), WgradTileM<T>(g)) : 0;
   const size_t need = partial + AlignUp(KernelWorkspace<T, TN, TM>(g, op));
   if (need > 0 && (workspace == nullptr || workspace_bytes < need)) return cudaErrorInvalidValue;
   char* kernel_ws = static_cast<char*>(workspace) + partial;
   switch (op) {
-    case CudaOp::kFwd: {
+    case Op::kFwd: {
       const auto args = FwdArgs<T, TN, TM>(g, a, b, p.has_bias[0] ? bias : nullptr, p.activation[0], out_buf);
       if (!CanImplement<FwdGemm<T, TN, TM>>(args)) return cudaErrorNotSupported;
       return Launch<FwdGemm<T, TN, TM>>(args, kernel_ws, s);
     }
-    case CudaOp::kDgrad: {
+    case Op::kDgrad: {
       const auto args = DgradArgs<T, TN, TM>(g, a, b, out_buf);
       if (!CanImplement<DgradGemm<T, TN, TM>>(args)) return cudaErrorNotSupported;
       return Launch<DgradGemm<T, TN, TM>>(args, kernel_ws, s);
@@ -461,9 +461,9 @@ struct Variant {
 
 // Calls f(Variant<T, ...>{}) with the problem's tiles for operand type T (bf16, f16, float as TF32).
 template <class T, class F>
-auto WithVariant(const ConvParams& p, CudaOp op, F&& f) {
+auto WithVariant(const ConvParams& p, Op op, F&& f) {
   const Dims g = DimsOf(p);
-  const bool narrow = NarrowN(g, op), wide_m = op == CudaOp::kFwd && !narrow && g.c <= 64;
+  const bool narrow = NarrowN(g, op), wide_m = op == Op::kFwd && !narrow && g.c <= 64;
   if constexpr (!kTf32<T>) {  // TF32: not measured with the wide or tall tiles
     if (wide_m) return f(Variant<T, kTileN, kWideTileM>{});
     if (TallM(g, op)) return f(Variant<T, kTileN, kTallTileM>{});
@@ -472,23 +472,23 @@ auto WithVariant(const ConvParams& p, CudaOp op, F&& f) {
 }
 
 template <class T>
-bool SupportsOf(const ConvParams& p, CudaOp op) {
+bool SupportsOf(const ConvParams& p, Op op) {
   return WithVariant<T>(p, op, [&](auto v) {
     return KernelsImplement<T, decltype(v)::kN, decltype(v)::kM>(DimsOf(p), op);
   });
 }
 
 template <class T>
-size_t WorkspaceOf(const ConvParams& p, CudaOp op) {
+size_t WorkspaceOf(const ConvParams& p, Op op) {
   return WithVariant<T>(p, op, [&](auto v) {
     const Dims g = DimsOf(p);
-    const size_t partial = op == CudaOp::kWgrad ? WgradPartialBytes(g, TileK<T>(), WgradTileM<T>(g)) : 0;
+    const size_t partial = op == Op::kWgrad ? WgradPartialBytes(g, TileK<T>(), WgradTileM<T>(g)) : 0;
     return partial + AlignUp(KernelWorkspace<T, decltype(v)::kN, decltype(v)::kM>(g, op));
   });
 }
 
 template <class T>
-cudaError_t RunOf(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b, const void* bias,
+cudaError_t RunOf(const ConvParams& p, Op op, DType in, DType out, const void* a, const void* b, const void* bias,
                   void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   return WithVariant<T>(p, op, [&](auto v) {
     return RunTyped<T, decltype(v)::kN, decltype(v)::kM>(p, op, in, out, a, b, bias, out_buf, workspace,
@@ -500,9 +500,9 @@ cudaError_t RunOf(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, 
 // Each operand type's entry points, defined in its part (JAXCONV_GEMM1X1_PART, at the top).
 namespace gemm1x1 {
 #define JAXCONV_GEMM1X1_DECLARE(NAME)                                                                                 \
-  bool Supports##NAME(const ConvParams& p, CudaOp op);                                                                \
-  size_t Workspace##NAME(const ConvParams& p, CudaOp op);                                                             \
-  cudaError_t Run##NAME(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,                  \
+  bool Supports##NAME(const ConvParams& p, Op op);                                                                \
+  size_t Workspace##NAME(const ConvParams& p, Op op);                                                             \
+  cudaError_t Run##NAME(const ConvParams& p, Op op, DType in, DType out, const void* a, const void* b,                  \
                         const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s);
 JAXCONV_GEMM1X1_DECLARE(BF16)
 JAXCONV_GEMM1X1_DECLARE(F16)
@@ -510,9 +510,9 @@ JAXCONV_GEMM1X1_DECLARE(TF32)
 #undef JAXCONV_GEMM1X1_DECLARE
 
 #define JAXCONV_GEMM1X1_DEFINE(NAME, T)                                                                               \
-  bool Supports##NAME(const ConvParams& p, CudaOp op) { return SupportsOf<T>(p, op); }                                \
-  size_t Workspace##NAME(const ConvParams& p, CudaOp op) { return WorkspaceOf<T>(p, op); }                            \
-  cudaError_t Run##NAME(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,                  \
+  bool Supports##NAME(const ConvParams& p, Op op) { return SupportsOf<T>(p, op); }                                \
+  size_t Workspace##NAME(const ConvParams& p, Op op) { return WorkspaceOf<T>(p, op); }                            \
+  cudaError_t Run##NAME(const ConvParams& p, Op op, DType in, DType out, const void* a, const void* b,                  \
                         const void* bias, void* out_buf, void* workspace, size_t workspace_bytes,                     \
                         cudaStream_t s) {                                                                             \
     return RunOf<T>(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);                              \
@@ -531,12 +531,12 @@ JAXCONV_GEMM1X1_DEFINE(TF32, float)
 #endif  // JAXCONV_GEMM1X1_KERNELS
 
 #if JAXCONV_GEMM1X1_PART == 0 || JAXCONV_GEMM1X1_PART == 3
-bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out) {
+bool Gemm1x1Sm90Supports(const ConvParams& p, Op op, DType in, DType out) {
 #if JAXCONV_GEMM1X1_KERNELS
   if (!BasicSupports(p, op, in, out)) return false;
   switch (in) {
-    case DT::kBF16: return gemm1x1::SupportsBF16(p, op);
-    case DT::kF16: return gemm1x1::SupportsF16(p, op);
+    case DType::kBF16: return gemm1x1::SupportsBF16(p, op);
+    case DType::kF16: return gemm1x1::SupportsF16(p, op);
     default: return gemm1x1::SupportsTF32(p, op);  // BasicSupports: float32 at DEFAULT
   }
 #else
@@ -545,12 +545,12 @@ bool Gemm1x1Sm90Supports(const ConvParams& p, CudaOp op, DT in, DT out) {
 #endif
 }
 
-size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out) {
+size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, Op op, DType in, DType out) {
 #if JAXCONV_GEMM1X1_KERNELS
   if (!Gemm1x1Sm90Supports(p, op, in, out)) return 0;
   switch (in) {
-    case DT::kBF16: return gemm1x1::WorkspaceBF16(p, op);
-    case DT::kF16: return gemm1x1::WorkspaceF16(p, op);
+    case DType::kBF16: return gemm1x1::WorkspaceBF16(p, op);
+    case DType::kF16: return gemm1x1::WorkspaceF16(p, op);
     default: return gemm1x1::WorkspaceTF32(p, op);
   }
 #else
@@ -559,18 +559,18 @@ size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, DT out) 
 #endif
 }
 
-cudaError_t Gemm1x1Sm90Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,
+cudaError_t Gemm1x1Sm90Run(const ConvParams& p, Op op, DType in, DType out, const void* a, const void* b,
                            const void* bias, void* out_buf, void* workspace, size_t workspace_bytes,
                            cudaStream_t s) {
 #if JAXCONV_GEMM1X1_KERNELS
   if (!BasicSupports(p, op, in, out)) return cudaErrorNotSupported;
   // TMA needs 16-byte aligned bases (XLA's buffers are); anything else goes to the other kernels.
   if (!Aligned16(a) || !Aligned16(b) || !Aligned16(out_buf)) return cudaErrorNotSupported;
-  if (op == CudaOp::kFwd && p.has_bias[0] && (bias == nullptr || !Aligned16(bias))) return cudaErrorNotSupported;
+  if (op == Op::kFwd && p.has_bias[0] && (bias == nullptr || !Aligned16(bias))) return cudaErrorNotSupported;
   if (workspace != nullptr && !Aligned16(workspace)) return cudaErrorNotSupported;
   switch (in) {
-    case DT::kBF16: return gemm1x1::RunBF16(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
-    case DT::kF16: return gemm1x1::RunF16(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+    case DType::kBF16: return gemm1x1::RunBF16(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
+    case DType::kF16: return gemm1x1::RunF16(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
     default: return gemm1x1::RunTF32(p, op, in, out, a, b, bias, out_buf, workspace, workspace_bytes, s);
   }
 #else

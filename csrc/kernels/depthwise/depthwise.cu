@@ -15,7 +15,7 @@
 // vectors, a register tile of taps per thread); otherwise one block per (channel tile, tap, split). Both reduce
 // in a fixed order in the block and write split partials to scratch for a fixed-order ReduceSplits
 // (deterministic).
-#include "cuda/common.cuh"
+#include "kernels/shared/common.cuh"
 
 #include <algorithm>
 #include <type_traits>
@@ -654,7 +654,7 @@ cudaError_t LaunchDw(DwArgs g, const void* src, const void* w, const void* bias,
   return cudaGetLastError();
 }
 
-cudaError_t RunDw(const DwArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
+cudaError_t RunDw(const DwArgs& g, DType in, DType out, const void* src, const void* w, const void* bias, void* dst,
                   cudaStream_t s) {
 #define JAXCONV_BODY(T, TO) return LaunchDw<T, TO>(g, src, w, bias, dst, s)
   JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
@@ -933,10 +933,10 @@ struct VecWgradPlan {
   int64_t ctiles = 0, ng1 = 0, ng2 = 0, ngroups = 0, segw = 0, nsegw = 0, units = 0, splits = 1;
 };
 
-inline VecWgradPlan PlanVecWgrad(const ConvParams& p, DT in) {
+inline VecWgradPlan PlanVecWgrad(const ConvParams& p, DType in) {
   VecWgradPlan pl;
-  const int tsize = in == DT::kF64 ? 8 : in == DT::kF32 ? 4 : 2;
-  const int va = in == DT::kF64 ? 2 : 4;
+  const int tsize = in == DType::kF64 ? 8 : in == DType::kF32 ? 4 : 2;
+  const int va = in == DType::kF64 ? 2 : 4;
   const int vl = 16 / tsize;
   const int64_t c = p.c[0];
   if (p.layout[0] != kChannelsLast || c % vl != 0 || c <= 0) return pl;
@@ -954,7 +954,7 @@ inline VecWgradPlan PlanVecWgrad(const ConvParams& p, DT in) {
   pl.slide = p.stride[2] == 1 && p.rhs_dil[2] == 1;
   // register tiles (TK x RH taps) sized to stay within 128 registers
   pl.tk = p.win[2] <= 4 || !pl.slide ? 4 : 7;
-  pl.rh = !pl.slide || p.win[1] == 1 || in == DT::kF64 ? 1 : p.win[2] > 4 ? 2 : 3;  // f64: twice the registers
+  pl.rh = !pl.slide || p.win[1] == 1 || in == DType::kF64 ? 1 : p.win[2] > 4 ? 2 : 3;  // f64: twice the registers
   pl.ctiles = CeilDiv(c, pl.ct);
   pl.ng1 = CeilDiv(p.win[1], pl.rh);
   pl.ng2 = CeilDiv(p.win[2], pl.tk);
@@ -983,7 +983,7 @@ cudaError_t LaunchVecWgrad(const DvWArgs& g, const void* x, const void* dy, void
 
 // Runs the vectorised wgrad when the plan applies and the pointers are 16-byte aligned (*ran = true).
 template <class T, class TO>
-cudaError_t TryDwVecWgrad(const ConvParams& p, DT in, const void* x, const void* dy, void* dw, void* scratch,
+cudaError_t TryDwVecWgrad(const ConvParams& p, DType in, const void* x, const void* dy, void* dw, void* scratch,
                           int64_t splits, cudaStream_t s, bool* ran) {
   *ran = false;
   const VecWgradPlan pl = PlanVecWgrad(p, in);
@@ -1035,7 +1035,7 @@ cudaError_t TryDwVecWgrad(const ConvParams& p, DT in, const void* x, const void*
 
 }  // namespace
 
-cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
+cudaError_t DepthwiseFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias, void* y,
                          cudaStream_t s) {
   bool launched = false;
   if (const cudaError_t e = DepthwiseTmaFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
@@ -1074,7 +1074,7 @@ cudaError_t DepthwiseFwd(const ConvParams& p, DT in, DT out, const void* x, cons
   return RunDw(g, in, out, x, w, bias, y, s);
 }
 
-cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+cudaError_t DepthwiseDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
                            cudaStream_t s) {
   bool launched = false;
   if (const cudaError_t e = DepthwiseTmaDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
@@ -1113,7 +1113,7 @@ cudaError_t DepthwiseDgrad(const ConvParams& p, DT in, DT out, const void* dy, c
   return RunDw(g, in, out, dy, w, nullptr, dx, s);
 }
 
-int64_t DepthwiseWgradSplits(const ConvParams& p, DT in) {
+int64_t DepthwiseWgradSplits(const ConvParams& p, DType in) {
   // The kernels DepthwiseWgrad tries first, in its order (0: not taken).
   for (auto* first : {DepthwiseMmaWgradSplits, DepthwiseRegWgradSplits}) {
     if (const int64_t splits = first(p, in); splits > 0) return splits;
@@ -1132,7 +1132,7 @@ int64_t DepthwiseWgradSplits(const ConvParams& p, DT in) {
   return splits < 2 ? 1 : splits;
 }
 
-cudaError_t DepthwiseWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
+cudaError_t DepthwiseWgrad(const ConvParams& p, DType in, DType out, const void* x, const void* dy, void* dw, void* scratch,
                            int64_t splits, cudaStream_t s) {
   if (WElements(p) <= 0) return cudaSuccess;
   splits = splits < 1 ? 1 : splits;

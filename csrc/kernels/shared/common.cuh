@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "conv_params.h"
-#include "cuda/kernels.h"
+#include "core/conv_params.h"
+#include "kernels/shared/kernels.h"
 
 namespace jaxconv {
 namespace cuda {
@@ -243,33 +243,33 @@ cudaError_t ResidentBlocks(Kernel kernel, int threads, size_t smem, int64_t shar
 // any other pair (the handlers validated the pair before, so this is only a guard).
 #define JAXCONV_DTYPE_SWITCH(in_dt, out_dt, BODY)                                              \
   do {                                                                                         \
-    using ::jaxconv::cuda::DT;                                                                 \
-    if ((in_dt) == DT::kF32 && (out_dt) == DT::kF32) { BODY(float, float); }                   \
-    else if ((in_dt) == DT::kF64 && (out_dt) == DT::kF64) { BODY(double, double); }            \
-    else if ((in_dt) == DT::kBF16 && (out_dt) == DT::kBF16) { BODY(__nv_bfloat16, __nv_bfloat16); } \
-    else if ((in_dt) == DT::kBF16 && (out_dt) == DT::kF32) { BODY(__nv_bfloat16, float); }     \
-    else if ((in_dt) == DT::kF16 && (out_dt) == DT::kF16) { BODY(__half, __half); }            \
-    else if ((in_dt) == DT::kF16 && (out_dt) == DT::kF32) { BODY(__half, float); }             \
+    using ::jaxconv::DType;                                                                 \
+    if ((in_dt) == DType::kF32 && (out_dt) == DType::kF32) { BODY(float, float); }                   \
+    else if ((in_dt) == DType::kF64 && (out_dt) == DType::kF64) { BODY(double, double); }            \
+    else if ((in_dt) == DType::kBF16 && (out_dt) == DType::kBF16) { BODY(__nv_bfloat16, __nv_bfloat16); } \
+    else if ((in_dt) == DType::kBF16 && (out_dt) == DType::kF32) { BODY(__nv_bfloat16, float); }     \
+    else if ((in_dt) == DType::kF16 && (out_dt) == DType::kF16) { BODY(__half, __half); }            \
+    else if ((in_dt) == DType::kF16 && (out_dt) == DType::kF32) { BODY(__half, float); }             \
     else { return cudaErrorInvalidValue; }                                                     \
   } while (0)
 
 // f(T{}, TO{}) for the (input, output) dtype pairs of JAXCONV_DTYPE_SWITCH but (f64, f64), for kernels that only
 // accumulate in f32; cudaErrorInvalidValue for any other pair.
 template <class F>
-cudaError_t WithF32AccTypes(DT in, DT out, F&& f) {
-  if (in == DT::kF32 && out == DT::kF32) return f(float{}, float{});
-  if (in == DT::kBF16 && out == DT::kBF16) return f(__nv_bfloat16{}, __nv_bfloat16{});
-  if (in == DT::kBF16 && out == DT::kF32) return f(__nv_bfloat16{}, float{});
-  if (in == DT::kF16 && out == DT::kF16) return f(__half{}, __half{});
-  if (in == DT::kF16 && out == DT::kF32) return f(__half{}, float{});
+cudaError_t WithF32AccTypes(DType in, DType out, F&& f) {
+  if (in == DType::kF32 && out == DType::kF32) return f(float{}, float{});
+  if (in == DType::kBF16 && out == DType::kBF16) return f(__nv_bfloat16{}, __nv_bfloat16{});
+  if (in == DType::kBF16 && out == DType::kF32) return f(__nv_bfloat16{}, float{});
+  if (in == DType::kF16 && out == DType::kF16) return f(__half{}, __half{});
+  if (in == DType::kF16 && out == DType::kF32) return f(__half{}, float{});
   return cudaErrorInvalidValue;
 }
 // Whether WithF32AccTypes takes (in, out): kernels that decide before launching whether they run a call.
-inline bool IsF32AccPair(DT in, DT out) {
+inline bool IsF32AccPair(DType in, DType out) {
   return WithF32AccTypes(in, out, [](auto, auto) { return cudaSuccess; }) == cudaSuccess;
 }
 
-inline size_t AccBytes(DT in) { return in == DT::kF64 ? 8 : 4; }
+inline size_t AccBytes(DType in) { return in == DType::kF64 ? 8 : 4; }
 
 // Split-K plans (how many partial sums a filter gradient computes) target this many multiprocessors, an H100's
 // count, whatever GPU runs them: the plan fixes the workspace size, which XLA must know at compile time

@@ -25,8 +25,8 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/common.cuh"
-#include "cuda/depthwise_plane.h"
+#include "kernels/shared/common.cuh"
+#include "kernels/depthwise/plane.h"
 
 namespace jaxconv {
 namespace cuda {
@@ -438,10 +438,10 @@ int64_t WgradSplits(const ConvParams& p, const RowProblem& rp) {
 }
 
 // The row problem of op when the kernels take it, else false.
-bool MakeRowProblem(const ConvParams& p, CudaOp op, RowProblem* rp) {
+bool MakeRowProblem(const ConvParams& p, Op op, RowProblem* rp) {
   RowProblem r;
   if (!DwPlaneOf(p, op, &r) || r.c % kVc != 0) return false;
-  if (op == CudaOp::kDgrad && !r.flip) {  // strided: the upsampling kernel, stride 2 along W (and H, unless 1-D)
+  if (op == Op::kDgrad && !r.flip) {  // strided: the upsampling kernel, stride 2 along W (and H, unless 1-D)
     if (!(r.sw == 2 && (r.sh == 2 || (r.kh == 1 && p.in[1] == 1 && p.pad_lo[1] == 0)))) return false;
     r.mode = Mode::kUp;
     r.sh = r.sw = 2;
@@ -450,8 +450,8 @@ bool MakeRowProblem(const ConvParams& p, CudaOp op, RowProblem* rp) {
   if (VectorsPerBlock(r.c / kVc, r.kh * r.kw) < 1) return false;
   // 32-bit offsets within an image row block; grid limits.
   if (r.src_rows * r.src_cols * r.c > INT32_MAX || r.dst_rows * r.dst_cols * r.c > INT32_MAX) return false;
-  const DwRowArgs a = op == CudaOp::kWgrad ? MakeWgradArgs(p, r) : MakeArgs(p, r);
-  const int64_t grid_y = CeilDiv(a.vecs, a.vb) * (op == CudaOp::kWgrad ? CeilDiv(a.kh, WgradRows(r)) : 1);
+  const DwRowArgs a = op == Op::kWgrad ? MakeWgradArgs(p, r) : MakeArgs(p, r);
+  const int64_t grid_y = CeilDiv(a.vecs, a.vb) * (op == Op::kWgrad ? CeilDiv(a.kh, WgradRows(r)) : 1);
   if (a.items > INT32_MAX - kThreads * 65536LL || grid_y > 65535) return false;
   *rp = r;
   return true;
@@ -531,7 +531,7 @@ cudaError_t LaunchWgrad(const ConvParams& p, const RowProblem& rp, bool out_f32,
   return with_s(IntC<7>{}, IntC<1>{});
 }
 
-cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
+cudaError_t Run(const ConvParams& p, Op op, DType in, DType out, const void* src, const void* w, const void* bias,
                 void* dst, cudaStream_t s, bool* launched) {
   *launched = false;
   RowProblem rp;
@@ -540,50 +540,50 @@ cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, 
     return cudaSuccess;
   }
   *launched = true;
-  const bool out_f32 = out == DT::kF32;
-  if (in == DT::kF32) return Launch<float>(p, rp, out_f32, src, w, bias, dst, s);
-  if (in == DT::kBF16) return Launch<__nv_bfloat16>(p, rp, out_f32, src, w, bias, dst, s);
+  const bool out_f32 = out == DType::kF32;
+  if (in == DType::kF32) return Launch<float>(p, rp, out_f32, src, w, bias, dst, s);
+  if (in == DType::kBF16) return Launch<__nv_bfloat16>(p, rp, out_f32, src, w, bias, dst, s);
   return Launch<__half>(p, rp, out_f32, src, w, bias, dst, s);
 }
 
 }  // namespace
 
-cudaError_t DepthwiseRegFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+cudaError_t DepthwiseRegFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched) {
-  return Run(p, CudaOp::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
+  return Run(p, Op::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
 }
 
-int64_t DepthwiseRegWgradSplits(const ConvParams& p, DT in) {
+int64_t DepthwiseRegWgradSplits(const ConvParams& p, DType in) {
   RowProblem rp;  // every output dtype the handlers accept for these inputs is one IsF32AccPair takes
-  if (in == DT::kF64 || !MakeRowProblem(p, CudaOp::kWgrad, &rp)) return 0;
+  if (in == DType::kF64 || !MakeRowProblem(p, Op::kWgrad, &rp)) return 0;
   return WgradSplits(p, rp);
 }
 
-cudaError_t DepthwiseRegWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
+cudaError_t DepthwiseRegWgrad(const ConvParams& p, DType in, DType out, const void* x, const void* dy, void* dw,
                               void* scratch, int64_t splits, cudaStream_t s, bool* launched) {
   *launched = false;
   RowProblem rp;
-  if (!IsF32AccPair(in, out) || !MakeRowProblem(p, CudaOp::kWgrad, &rp) || !Aligned16(x) || !Aligned16(dy) ||
+  if (!IsF32AccPair(in, out) || !MakeRowProblem(p, Op::kWgrad, &rp) || !Aligned16(x) || !Aligned16(dy) ||
       !Aligned16(dw) || (splits > 1 && scratch == nullptr)) {
     return cudaSuccess;
   }
   *launched = true;
   splits = std::max<int64_t>(1, splits);
-  const bool out_f32 = out == DT::kF32;
+  const bool out_f32 = out == DType::kF32;
   cudaError_t e;
-  if (in == DT::kF32) e = LaunchWgrad<float>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
-  else if (in == DT::kBF16) e = LaunchWgrad<__nv_bfloat16>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
+  if (in == DType::kF32) e = LaunchWgrad<float>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
+  else if (in == DType::kBF16) e = LaunchWgrad<__nv_bfloat16>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
   else e = LaunchWgrad<__half>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
   if (e != cudaSuccess || splits == 1) return e;
   return ReduceSplits(in, out, scratch, splits, WElements(p), dw, s);
 }
 
-cudaError_t DepthwiseRegDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+cudaError_t DepthwiseRegDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched) {
   ConvParams q = p;
   q.activation[0] = kActNone;
   q.has_bias[0] = 0;
-  return Run(q, CudaOp::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
+  return Run(q, Op::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
 }
 
 }  // namespace cuda

@@ -47,26 +47,20 @@ namespace jaxconv {
   X(precision, 1)   /* Precision */                                                              \
   X(activation, 1)  /* Activation, fwd only */                                                   \
   X(has_bias, 1)    /* 0 or 1, fwd only */                                                       \
-  X(algorithm, 1)   /* Algorithm; 0 lets the handler choose */                                   \
+  X(algorithm, 1)   /* the request: 0 auto, a family code or a variant (dispatch/registry.h) */   \
+  X(variant, 1)     /* the variant the lowering chose for it, or -1: the handler chooses */      \
   X(poison, 1)      /* 1: fill outputs and scratch with NaN before the kernels (debug mode) */
 
-inline constexpr int64_t kParamsAbiVersion = 1;
+inline constexpr int64_t kParamsAbiVersion = 2;
+// The largest spatial extent, and the largest stride, dilation and padding magnitude, the ops take (the Python layer
+// rejects larger ones at trace time with the same bounds).
+inline constexpr int64_t kMaxExtent = int64_t(1) << 32;
+inline constexpr int64_t kMaxStep = int64_t(1) << 30;
 
 enum Layout : int64_t { kChannelsLast = 0, kChannelsFirst = 1 };
 enum Precision : int64_t { kPrecisionDefault = 0, kPrecisionHigh = 1, kPrecisionHighest = 2 };
 // kGelu is the tanh approximation, as jax.nn.gelu(approximate=True).
 enum Activation : int64_t { kActNone = 0, kActRelu = 1, kActGelu = 2, kActSilu = 3 };
-enum Algorithm : int64_t {
-  kAlgoAuto = 0,
-  kAlgoDirect = 1,      // general direct convolution: every configuration
-  kAlgoDepthwise = 2,   // groups == c == k (multiplier 1)
-  kAlgoLong1D = 3,      // one spatial dim, long window, few channels
-  kAlgoSmallChannel = 4,  // channels-last, groups == batch_groups == 1, c <= 16, k <= 64 (small_channel.cu)
-  kAlgoImplicitGemm = 5,  // tensor cores (CUTLASS): channels-last, groups == 1, aligned channel counts (igemm.h)
-  kAlgoImplicitGemmSm80 = 6,  // the same with the mma.sync (sm_80) kernels only, also on Hopper
-  kAlgoLast = kAlgoImplicitGemmSm80,
-};
-
 struct ConvParams {
 #define JAXCONV_DECLARE_FIELD(name, count) int64_t name[count];
   JAXCONV_PARAM_FIELDS(JAXCONV_DECLARE_FIELD)
@@ -114,6 +108,15 @@ inline std::string DecodeParams(const int64_t* values, int64_t size, ConvParams*
     if (p->stride[d] < 1) return bad("stride", p->stride[d]);
     if (p->lhs_dil[d] < 1) return bad("lhs_dil", p->lhs_dil[d]);
     if (p->rhs_dil[d] < 1) return bad("rhs_dil", p->rhs_dil[d]);
+    // Magnitudes first, so that the products below (and the kernels' index arithmetic) cannot overflow int64.
+    if (p->in[d] > kMaxExtent) return bad("in (above 2^32)", p->in[d]);
+    if (p->win[d] > kMaxExtent) return bad("win (above 2^32)", p->win[d]);
+    if (p->out[d] > kMaxExtent) return bad("out (above 2^32)", p->out[d]);
+    if (p->stride[d] > kMaxStep) return bad("stride (above 2^30)", p->stride[d]);
+    if (p->lhs_dil[d] > kMaxStep) return bad("lhs_dil (above 2^30)", p->lhs_dil[d]);
+    if (p->rhs_dil[d] > kMaxStep) return bad("rhs_dil (above 2^30)", p->rhs_dil[d]);
+    if (p->pad_lo[d] > kMaxStep || p->pad_lo[d] < -kMaxStep) return bad("pad_lo (magnitude above 2^30)", p->pad_lo[d]);
+    if (p->pad_hi[d] > kMaxStep || p->pad_hi[d] < -kMaxStep) return bad("pad_hi (magnitude above 2^30)", p->pad_hi[d]);
     // The output size must follow from the other values (as lax computes it), so that no kernel can read or
     // write past a buffer because of an inconsistent attribute.
     const int64_t in_dil = p->in[d] == 0 ? 0 : (p->in[d] - 1) * p->lhs_dil[d] + 1;
@@ -129,7 +132,8 @@ inline std::string DecodeParams(const int64_t* values, int64_t size, ConvParams*
   if (p->precision[0] < kPrecisionDefault || p->precision[0] > kPrecisionHighest) return bad("precision", p->precision[0]);
   if (p->activation[0] < kActNone || p->activation[0] > kActSilu) return bad("activation", p->activation[0]);
   if (p->has_bias[0] != 0 && p->has_bias[0] != 1) return bad("has_bias", p->has_bias[0]);
-  if (p->algorithm[0] < kAlgoAuto || p->algorithm[0] > kAlgoLast) return bad("algorithm", p->algorithm[0]);
+  if (p->algorithm[0] < 0) return bad("algorithm", p->algorithm[0]);  // the registry checks the rest
+  if (p->variant[0] < -1) return bad("variant", p->variant[0]);
   if (p->poison[0] != 0 && p->poison[0] != 1) return bad("poison", p->poison[0]);
   return {};
 }

@@ -16,10 +16,10 @@
 #include <algorithm>
 #include <climits>
 
-#include "algorithms.h"
-#include "cuda/common.cuh"
-#include "cuda/igemm.h"
-#include "cuda/mma.cuh"
+#include "dispatch/rules.h"
+#include "kernels/shared/common.cuh"
+#include "kernels/implicit_gemm/igemm.h"
+#include "kernels/shared/mma.cuh"
 
 namespace jaxconv {
 namespace cuda {
@@ -33,7 +33,7 @@ constexpr size_t kChunkBytes = size_t(32) << 20;  // cols per chunk: about two t
 constexpr size_t kMaxImageBytes = size_t(1) << 30;  // one image's cols at most (a chunk holds >= 1 image)
 constexpr int64_t kMaxIndex = (int64_t(1) << 31) - 1;  // the kernels' 32-bit indices
 
-size_t ElemBytes(DT in) { return in == DT::kF32 ? 4 : 2; }
+size_t ElemBytes(DType in) { return in == DType::kF32 ? 4 : 2; }
 
 struct Plan {
   int64_t rows = 0;       // taps * c: the filter matrix's real rows
@@ -49,7 +49,7 @@ struct Plan {
 };
 
 // The 1x1 problem of `images` images: x = cols (images, out spatial, cr), y = the conv's own y.
-ConvParams OneByOne(const ConvParams& p, CudaOp op, int64_t images, int64_t cr) {
+ConvParams OneByOne(const ConvParams& p, Op op, int64_t images, int64_t cr) {
   ConvParams q = p;
   q.layout[0] = kChannelsLast;
   q.n[0] = images;
@@ -60,12 +60,12 @@ ConvParams OneByOne(const ConvParams& p, CudaOp op, int64_t images, int64_t cr) 
     q.win[d] = q.stride[d] = q.lhs_dil[d] = q.rhs_dil[d] = 1;
     q.pad_lo[d] = q.pad_hi[d] = 0;
   }
-  if (op != CudaOp::kFwd) q.activation[0] = kActNone, q.has_bias[0] = 0;
+  if (op != Op::kFwd) q.activation[0] = kActNone, q.has_bias[0] = 0;
   q.poison[0] = 0;
   return q;
 }
 
-Plan MakePlan(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+Plan MakePlan(const ConvParams& p, Op op, DType in, int64_t algo) {
   Plan pl;
   const int64_t align = ImplicitGemmAlign(static_cast<int>(ElemBytes(in)));
   pl.rows = SpatialCount(p.win) * p.c[0];
@@ -77,10 +77,10 @@ Plan MakePlan(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
   pl.chunks = CeilDiv(p.n[0], pl.images);
   const int64_t last = p.n[0] - (pl.chunks - 1) * pl.images;
   const int64_t kk = p.k[0];
-  if (op != CudaOp::kWgrad && pl.cr != pl.rows) pl.filter = AlignUp(static_cast<size_t>(pl.cr * kk) * ElemBytes(in));
+  if (op != Op::kWgrad && pl.cr != pl.rows) pl.filter = AlignUp(static_cast<size_t>(pl.cr * kk) * ElemBytes(in));
   // Chunk i writes its (cr, K) partial filter at slice i * rows * K; the cr - rows padding rows' sums (not
   // needed) spill into slice i + 1, which chunk i + 1 then overwrites (the GEMMs run in stream order).
-  if (op == CudaOp::kWgrad) pl.slices = AlignUp(static_cast<size_t>(((pl.chunks - 1) * pl.rows + pl.cr) * kk) * 4);
+  if (op == Op::kWgrad) pl.slices = AlignUp(static_cast<size_t>(((pl.chunks - 1) * pl.rows + pl.cr) * kk) * 4);
   pl.cols = AlignUp(image_cols * static_cast<size_t>(pl.images));
   pl.gemm = std::max(ImplicitGemmWorkspaceBytes(OneByOne(p, op, pl.images, pl.cr), op, in, algo),
                      ImplicitGemmWorkspaceBytes(OneByOne(p, op, last, pl.cr), op, in, algo));
@@ -111,7 +111,7 @@ int TileQ(const ConvParams& p, size_t elem) {
   return 0;
 }
 
-Geometry GeometryOf(const ConvParams& p, const Plan& pl, DT in) {
+Geometry GeometryOf(const ConvParams& p, const Plan& pl, DType in) {
   Geometry g;
   for (int d = 0; d < 3; ++d) {
     g.in[d] = static_cast<int>(p.in[d]);
@@ -1012,12 +1012,12 @@ __global__ void __launch_bounds__(256) Col2imKernel(const Geometry g, const T* _
 unsigned Blocks(int64_t work) { return GridX(std::min<int64_t>(CeilDiv(work, 256), kPlanSms * 16)); }
 
 // row_count: output rows (n, z, p) of the chunk.
-cudaError_t Im2col(DT in, const Geometry& g, const void* x, void* cols, int row_count, cudaStream_t s) {
+cudaError_t Im2col(DType in, const Geometry& g, const void* x, void* cols, int row_count, cudaStream_t s) {
   const int64_t tiles = static_cast<int64_t>(row_count) * CeilDiv(g.out[2], g.qt);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, kPlanSms * 8));
   const size_t smem = static_cast<size_t>(TableInts(g.rows)) * 4 +
                       static_cast<size_t>(g.win0 * g.win1 * g.wt * g.c) * ElemBytes(in);
-  if (in == DT::kF32) {
+  if (in == DType::kF32) {
     Im2colKernel<uint32_t><<<grid, 256, smem, s>>>(g, static_cast<const uint32_t*>(x), static_cast<uint32_t*>(cols),
                                                    row_count);
   } else {
@@ -1027,13 +1027,13 @@ cudaError_t Im2col(DT in, const Geometry& g, const void* x, void* cols, int row_
   return cudaGetLastError();
 }
 
-cudaError_t Col2im(DT in, const Geometry& g, const void* dcols, void* dx, int count, cudaStream_t s) {
+cudaError_t Col2im(DType in, const Geometry& g, const void* dcols, void* dx, int count, cudaStream_t s) {
   const unsigned grid = Blocks(count);
   switch (in) {
-    case DT::kF32:
+    case DType::kF32:
       Col2imKernel<float><<<grid, 256, 0, s>>>(g, static_cast<const float*>(dcols), static_cast<float*>(dx), count);
       break;
-    case DT::kBF16:
+    case DType::kBF16:
       Col2imKernel<__nv_bfloat16><<<grid, 256, 0, s>>>(g, static_cast<const __nv_bfloat16*>(dcols),
                                                        static_cast<__nv_bfloat16*>(dx), count);
       break;
@@ -1053,9 +1053,9 @@ struct FusedPlan {
 
 constexpr size_t kMaxFusedSlices = size_t(256) << 20;
 
-FusedPlan MakeFusedPlan(const ConvParams& p, DT in) {
+FusedPlan MakeFusedPlan(const ConvParams& p, DType in) {
   FusedPlan f;
-  if (in == DT::kF32) return f;
+  if (in == DType::kF32) return f;
   const int64_t rows = SpatialCount(p.win) * p.c[0], qt = TileQ(p, 2);
   const int64_t tiles = p.n[0] * p.out[0] * p.out[1] * CeilDiv(p.out[2], qt);
   const int jt = rows >= kFwMaxJt ? kFwMaxJt : static_cast<int>(CeilDiv(rows, 32) * 32);
@@ -1106,7 +1106,7 @@ struct FusedFwdPlan {
 };
 
 // staged: 3xTF32 split when staged (two slices). smem_max: the device's opt-in limit per block.
-FusedFwdPlan MakeFusedFwdPlan(const ConvParams& p, DT in, bool staged, size_t smem_max) {
+FusedFwdPlan MakeFusedFwdPlan(const ConvParams& p, DType in, bool staged, size_t smem_max) {
   FusedFwdPlan f;
   const int eb = static_cast<int>(ElemBytes(in));
   const int64_t rows = SpatialCount(p.win) * p.c[0], rows_tr = p.win[0] * p.win[1];
@@ -1141,7 +1141,7 @@ FusedFwdPlan MakeFusedFwdPlan(const ConvParams& p, DT in, bool staged, size_t sm
 // Persistent blocks: as many as fit on the GPU at once (per k block), each looping over tiles, when the plan
 // applies (*launched); with one_wave, only when that gives every tile a block of its own.
 template <class T, int kMath, int WN>
-cudaError_t LaunchFusedFwd(const ConvParams& p, Geometry g, DT in, const void* x, const void* w, const void* bias,
+cudaError_t LaunchFusedFwd(const ConvParams& p, Geometry g, DType in, const void* x, const void* w, const void* bias,
                            void* y, cudaStream_t s, bool one_wave, bool* launched) {
   const FusedFwdPlan f = MakeFusedFwdPlan(p, in, kMath == kFfSplitStaged, SharedMemPerBlockOptin());
   if (f.tiles == 0) return cudaSuccess;
@@ -1168,7 +1168,7 @@ cudaError_t LaunchFusedFwd(const ConvParams& p, Geometry g, DT in, const void* x
 // registers): 32x32 3->64 b1 4.37 us, the stem b1 14.8 (4 warps: 4.68-4.83, 14.8); run 224 (bf16): the stem b1 9.0 ->
 // 8.2 us, the 32x32 layer 4.1 -> 4.0.
 template <class T, int kOneWaveMath, int kMath>
-cudaError_t OneWaveOrPersistent(const ConvParams& p, const Geometry& g, DT in, const void* x, const void* w,
+cudaError_t OneWaveOrPersistent(const ConvParams& p, const Geometry& g, DType in, const void* x, const void* w,
                                 const void* bias, void* y, cudaStream_t s, bool* launched) {
   const cudaError_t e = LaunchFusedFwd<T, kOneWaveMath, 4>(p, g, in, x, w, bias, y, s, true, launched);
   if (e != cudaSuccess || *launched) return e;
@@ -1249,13 +1249,13 @@ cudaError_t FragFwdAs(const ConvParams& p, const void* x, const void* w, const v
 // one chunk of columns, or 3xTF32 (runs 226-233, H200, busy us against the fused forward's: 32x32 3 -> 64
 // batch 1 2.5 vs 4.0 bf16, 3.1 vs 4.4 f32 HIGHEST; the batch-1 stem's 147 columns 10.9 vs 15.1 f32 HIGHEST, but
 // 7.9-8.0 vs 8.1-8.3 bf16, too close to switch; the batch-32 stem, many waves: 203 vs 118 bf16, 281 vs 215 f32).
-cudaError_t FragFwd(const ConvParams& p, DT in, const void* x, const void* w, const void* bias, void* y,
+cudaError_t FragFwd(const ConvParams& p, DType in, const void* x, const void* w, const void* bias, void* y,
                     cudaStream_t s, bool* launched) {
-  const bool split = in == DT::kF32 && MathFor(p, in) == IgemmMath::k3xTF32;
+  const bool split = in == DType::kF32 && MathFor(p, in) == IgemmMath::k3xTF32;
   if (!split && SpatialCount(p.win) * p.c[0] > kFgChunk) return cudaSuccess;
   switch (in) {
-    case DT::kBF16: return FragFwdAs<__nv_bfloat16, kFfTf32>(p, x, w, bias, y, s, launched);
-    case DT::kF16: return FragFwdAs<__half, kFfTf32>(p, x, w, bias, y, s, launched);
+    case DType::kBF16: return FragFwdAs<__nv_bfloat16, kFfTf32>(p, x, w, bias, y, s, launched);
+    case DType::kF16: return FragFwdAs<__half, kFfTf32>(p, x, w, bias, y, s, launched);
     default:
       return split ? FragFwdAs<float, kFfSplitRegs>(p, x, w, bias, y, s, launched)
                    : FragFwdAs<float, kFfTf32>(p, x, w, bias, y, s, launched);
@@ -1264,12 +1264,12 @@ cudaError_t FragFwd(const ConvParams& p, DT in, const void* x, const void* w, co
 
 // The register-gathered forward where it is taken, else the fused forward when its plan applies (*launched), else
 // nothing.
-cudaError_t FusedFwd(const ConvParams& p, const Geometry& g, DT in, const void* x, const void* w, const void* bias,
+cudaError_t FusedFwd(const ConvParams& p, const Geometry& g, DType in, const void* x, const void* w, const void* bias,
                      void* y, cudaStream_t s, bool* launched) {
   if (const cudaError_t e = FragFwd(p, in, x, w, bias, y, s, launched); e != cudaSuccess || *launched) return e;
   switch (in) {
-    case DT::kBF16: return OneWaveOrPersistent<__nv_bfloat16, kFfTf32, kFfTf32>(p, g, in, x, w, bias, y, s, launched);
-    case DT::kF16: return OneWaveOrPersistent<__half, kFfTf32, kFfTf32>(p, g, in, x, w, bias, y, s, launched);
+    case DType::kBF16: return OneWaveOrPersistent<__nv_bfloat16, kFfTf32, kFfTf32>(p, g, in, x, w, bias, y, s, launched);
+    case DType::kF16: return OneWaveOrPersistent<__half, kFfTf32, kFfTf32>(p, g, in, x, w, bias, y, s, launched);
     default: {
       if (MathFor(p, in) == IgemmMath::kTF32) {
         return LaunchFusedFwd<float, kFfTf32, 2>(p, g, in, x, w, bias, y, s, false, launched);
@@ -1285,8 +1285,8 @@ cudaError_t FusedFwd(const ConvParams& p, const Geometry& g, DT in, const void* 
 
 }  // namespace
 
-bool Im2colGemmApplies(const ConvParams& p, DT in) {
-  if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return false;
+bool Im2colGemmApplies(const ConvParams& p, DType in) {
+  if (in != DType::kF32 && in != DType::kBF16 && in != DType::kF16) return false;
   const int64_t bytes = static_cast<int64_t>(ElemBytes(in));
   if (p.c[0] * bytes >= 16 || SpatialCount(p.win) < 2) return false;  // c < 8 (16-bit) or < 4 (f32): padded
   const int64_t rows = SpatialCount(p.win) * p.c[0];
@@ -1297,12 +1297,12 @@ bool Im2colGemmApplies(const ConvParams& p, DT in) {
 }
 
 // wgrad: the fused kernel's slices or, on GPUs before sm_80 (known at run time only), the chunked route's needs.
-size_t Im2colGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+size_t Im2colGemmWorkspaceBytes(const ConvParams& p, Op op, DType in, int64_t algo) {
   const size_t chunked = MakePlan(p, op, in, algo).bytes();
-  return op == CudaOp::kWgrad ? std::max(chunked, MakeFusedPlan(p, in).bytes) : chunked;
+  return op == Op::kWgrad ? std::max(chunked, MakeFusedPlan(p, in).bytes) : chunked;
 }
 
-cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
+cudaError_t Im2colGemmRun(const ConvParams& p, Op op, DType in, DType out, int64_t algo, const void* a, const void* b,
                           const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   const Plan pl = MakePlan(p, op, in, algo);
   if (workspace == nullptr) return cudaErrorNotSupported;
@@ -1314,17 +1314,17 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
   const int64_t kk = p.k[0], in_pixels = SpatialCount(p.in);
   const Geometry g = GeometryOf(p, pl, in);
   cudaError_t e = cudaSuccess;
-  if (const FusedPlan f = MakeFusedPlan(p, in); op == CudaOp::kWgrad && f.splits > 0 && DeviceArch() >= 80) {
+  if (const FusedPlan f = MakeFusedPlan(p, in); op == Op::kWgrad && f.splits > 0 && DeviceArch() >= 80) {
     if (workspace_bytes < f.bytes) return cudaErrorNotSupported;
     float* partial = static_cast<float*>(workspace);
     const int rows = static_cast<int>(p.n[0] * p.out[0] * p.out[1]), kk32 = static_cast<int>(kk);
-    e = in == DT::kBF16 ? FusedWgrad<true>(g, f, a, b, kk32, rows, partial, s)
+    e = in == DType::kBF16 ? FusedWgrad<true>(g, f, a, b, kk32, rows, partial, s)
                         : FusedWgrad<false>(g, f, a, b, kk32, rows, partial, s);
     if (e != cudaSuccess) return e;
     return ReduceSplits(in, out, partial, f.splits, pl.rows * kk, out_buf, s);  // fixed split order
   }
   // The fused forward reads the filter as 16-byte vectors of output channels.
-  if (op == CudaOp::kFwd && out == in && Aligned16(b) && kk % static_cast<int64_t>(16 / eb) == 0 &&
+  if (op == Op::kFwd && out == in && Aligned16(b) && kk % static_cast<int64_t>(16 / eb) == 0 &&
       DeviceArch() >= 80) {
     bool launched = false;
     if ((e = FusedFwd(p, g, in, a, b, bias, out_buf, s, &launched)) != cudaSuccess || launched) return e;
@@ -1343,16 +1343,16 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
     const int64_t n0 = i * pl.images, images = std::min(pl.images, p.n[0] - n0);
     const ConvParams q = OneByOne(p, op, images, pl.cr);
     const char* x = static_cast<const char*>(a) + static_cast<size_t>(n0 * in_pixels * p.c[0]) * eb;
-    const char* dy = static_cast<const char*>(op == CudaOp::kDgrad ? a : b) +
+    const char* dy = static_cast<const char*>(op == Op::kDgrad ? a : b) +
                      static_cast<size_t>(n0 * pl.pixels * kk) * eb;
     switch (op) {
-      case CudaOp::kFwd: {
+      case Op::kFwd: {
         if ((e = Im2col(in, g, x, cols, static_cast<int>(images * p.out[0] * p.out[1]), s)) != cudaSuccess) return e;
         char* y = static_cast<char*>(out_buf) + static_cast<size_t>(n0 * pl.pixels * kk) * eb;
         e = ImplicitGemmRun(q, op, in, out, algo, cols, wmat, bias, y, gemm_ws, pl.gemm, s);
         break;
       }
-      case CudaOp::kDgrad: {
+      case Op::kDgrad: {
         if ((e = ImplicitGemmRun(q, op, in, in, algo, dy, wmat, nullptr, cols, gemm_ws, pl.gemm, s)) != cudaSuccess) {
           return e;
         }
@@ -1362,13 +1362,13 @@ cudaError_t Im2colGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t
       }
       default: {
         if ((e = Im2col(in, g, x, cols, static_cast<int>(images * p.out[0] * p.out[1]), s)) != cudaSuccess) return e;
-        e = ImplicitGemmRun(q, op, in, DT::kF32, algo, cols, dy, nullptr, slices + i * pl.rows * kk, gemm_ws,
+        e = ImplicitGemmRun(q, op, in, DType::kF32, algo, cols, dy, nullptr, slices + i * pl.rows * kk, gemm_ws,
                             pl.gemm, s);
       }
     }
     if (e != cudaSuccess) return e;
   }
-  if (op != CudaOp::kWgrad) return cudaSuccess;
+  if (op != Op::kWgrad) return cudaSuccess;
   return ReduceSplits(in, out, slices, pl.chunks, pl.rows * kk, out_buf, s);  // fixed chunk order
 }
 

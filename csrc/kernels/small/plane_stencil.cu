@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/common.cuh"
+#include "kernels/shared/common.cuh"
 
 namespace jaxconv {
 namespace cuda {
@@ -398,8 +398,8 @@ __global__ void __launch_bounds__(kWarps * 32) ReduceFwdKernel(const ReduceArgs 
 }
 
 // Channels per lane: one 16-byte vector, or 8 bytes when c is that small.
-int ReduceVc(const ConvParams& p, DT in) {
-  const int eb = in == DT::kF32 ? 4 : 2;
+int ReduceVc(const ConvParams& p, DType in) {
+  const int eb = in == DType::kF32 ? 4 : 2;
   return static_cast<int>(p.c[0] * eb >= 16 ? 16 / eb : 8 / eb);
 }
 
@@ -446,8 +446,8 @@ cudaError_t LaunchReduce(const ConvParams& p, const void* x, const void* w, cons
 
 }  // namespace
 
-bool PlaneStencilApplies(const ConvParams& p, DT in) {
-  if (in == DT::kF64) return false;
+bool PlaneStencilApplies(const ConvParams& p, DType in) {
+  if (in == DType::kF64) return false;
   if (p.c[0] != 1 || p.k[0] != 1 || p.groups[0] != 1 || p.batch_groups[0] != 1 || p.n[0] < 1) return false;
   // 2-D (the leading padded dim trivial), unit stride, no lhs dilation.
   if (p.in[0] != 1 || p.out[0] != 1 || p.win[0] != 1 || p.pad_lo[0] != 0 || p.pad_hi[0] != 0) return false;
@@ -472,7 +472,7 @@ int64_t PlaneWgradBlocks(const ConvParams& p) {
   return CeilDiv(MakeArgs(p, p.in[1], p.out[1], p.pad_lo[1], RowsPerWarp(p, p.out[1])).warps, kWarps);
 }
 
-cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+cudaError_t PlaneStencilFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched) {
   *launched = false;
   if (!PlaneStencilApplies(p, in) || !Aligned16(x) || !Aligned16(y)) return cudaSuccess;
@@ -483,7 +483,7 @@ cudaError_t PlaneStencilFwd(const ConvParams& p, DT in, DT out, const void* x, c
   });
 }
 
-cudaError_t PlaneStencilDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+cudaError_t PlaneStencilDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched) {
   *launched = false;
   if (!PlaneStencilApplies(p, in) || !Aligned16(dy) || !Aligned16(dx)) return cudaSuccess;
@@ -498,7 +498,7 @@ cudaError_t PlaneStencilDgrad(const ConvParams& p, DT in, DT out, const void* dy
   });
 }
 
-cudaError_t PlaneStencilWgrad(const ConvParams& p, DT in, const void* x, const void* dy, float* partials,
+cudaError_t PlaneStencilWgrad(const ConvParams& p, DType in, const void* x, const void* dy, float* partials,
                               cudaStream_t s, bool* launched) {
   *launched = false;
   if (!PlaneStencilApplies(p, in) || !Aligned16(x) || !Aligned16(dy)) return cudaSuccess;
@@ -517,14 +517,14 @@ cudaError_t PlaneStencilWgrad(const ConvParams& p, DT in, const void* x, const v
     });
   };
   switch (in) {
-    case DT::kBF16: return run(__nv_bfloat16{});
-    case DT::kF16: return run(__half{});
+    case DType::kBF16: return run(__nv_bfloat16{});
+    case DType::kF16: return run(__half{});
     default: return run(float{});
   }
 }
 
-bool ReduceStencilApplies(const ConvParams& p, DT in) {
-  if (in == DT::kF64 || p.layout[0] != kChannelsLast) return false;
+bool ReduceStencilApplies(const ConvParams& p, DType in) {
+  if (in == DType::kF64 || p.layout[0] != kChannelsLast) return false;
   if (p.k[0] != 1 || p.c[0] < 2 || p.groups[0] != 1 || p.batch_groups[0] != 1 || p.n[0] < 1) return false;
   if (p.in[0] != 1 || p.out[0] != 1 || p.win[0] != 1 || p.pad_lo[0] != 0 || p.pad_hi[0] != 0) return false;
   for (int d = 0; d < 3; ++d)
@@ -541,10 +541,10 @@ bool ReduceStencilApplies(const ConvParams& p, DT in) {
   return CeilDiv(MakeReduceArgs(p, static_cast<int>(lanes), 2).warps, kWarps) <= INT32_MAX;
 }
 
-cudaError_t ReduceStencilFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+cudaError_t ReduceStencilFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias,
                              void* y, cudaStream_t s, bool* launched) {
   *launched = false;
-  const int eb = in == DT::kF32 ? 4 : 2;
+  const int eb = in == DType::kF32 ? 4 : 2;
   if (!ReduceStencilApplies(p, in) || reinterpret_cast<uintptr_t>(x) % (ReduceVc(p, in) * eb) != 0) return cudaSuccess;
   *launched = true;
   const bool wide = ReduceVc(p, in) * eb == 16;
@@ -556,170 +556,6 @@ cudaError_t ReduceStencilFwd(const ConvParams& p, DT in, DT out, const void* x, 
   });
 }
 
-
-// ---- c -> 1 filter gradient (k == 1, channels-last 2-D, c % 4 == 0, 3x3, any stride, dilation and padding) ----
-//   dw[r, s, ch] = sum_{n,y,x} x[n, y sh - ph + r dh, x sw - pw + s dw, ch] * dy[n, y, x]
-// The direct family's GEMM-shaped filter gradient gives K = 1 a 16-row tile (15 rows idle) and gathers x element by
-// element: msd's 64 -> 1 3x3 at 1024^2 (dilation 2) took 7.6-7.9 ms there (run 136). Here a thread owns 4 channels
-// and a slot; a block's slots sweep the columns of each destination row of its split together (consecutive pixels:
-// contiguous channel vectors), load dy once per pixel (one address per slot) and the pixel's 9 source vectors, and
-// keep all 9 x 4 sums in registers; then a fixed-order sum over the slots, and ReduceSplits over the splits.
-// Taps outside the image are skipped, never multiplied (an inf in x reaches only the taps that see it).
-namespace {
-
-constexpr int kCoThreads = 256, kCoVc = 4, kCoK = 3;
-
-struct COneWgArgs {
-  int rows;  // n * oh destination rows, split into contiguous ranges
-  int ih, iw, oh, ow, c, vecs, vb, ns;
-  int sh, sw, ph, pw, dh, dw;
-  int64_t x_img;  // elements per image of x
-};
-
-template <class T>
-__global__ void __launch_bounds__(kCoThreads) COneWgradKernel(const COneWgArgs g, int rows_per_split,
-                                                              const T* __restrict__ x, const T* __restrict__ dy,
-                                                              void* __restrict__ dw, int out_f32,
-                                                              float* __restrict__ scratch) {
-  constexpr int NA = kCoK * kCoK * kCoVc;
-  extern __shared__ float co_red[];  // [ns][vb][NA]
-  const int split = blockIdx.x, vt0 = blockIdx.y * g.vb;
-  const int nv = min(g.vb, g.vecs - vt0);
-  const int v = threadIdx.x % g.vb, slot = threadIdx.x / g.vb;
-  const int c0 = (vt0 + v) * kCoVc;
-  float acc[kCoK][kCoK][kCoVc];
-#pragma unroll
-  for (int r = 0; r < kCoK; ++r)
-#pragma unroll
-    for (int s = 0; s < kCoK; ++s)
-#pragma unroll
-      for (int i = 0; i < kCoVc; ++i) acc[r][s][i] = 0.f;
-  if (v < nv && slot < g.ns) {
-    const int row_end = min(g.rows, (split + 1) * rows_per_split);
-    for (int row = split * rows_per_split; row < row_end; ++row) {
-      const int n = row / g.oh, y = row - n * g.oh;
-      const T* xn = x + n * g.x_img + c0;
-      const T* dyr = dy + static_cast<int64_t>(row) * g.ow;
-      const int q0 = y * g.sh - g.ph;
-      for (int xo = slot; xo < g.ow; xo += g.ns) {
-        const float d = ToAcc(dyr[xo]);
-        const int p0 = xo * g.sw - g.pw;
-#pragma unroll
-        for (int r = 0; r < kCoK; ++r) {
-          const int qr = q0 + r * g.dh;
-          if (qr < 0 || qr >= g.ih) continue;
-          const T* xr = xn + static_cast<int64_t>(qr) * g.iw * g.c;
-#pragma unroll
-          for (int s = 0; s < kCoK; ++s) {
-            const int qc = p0 + s * g.dw;
-            if (qc < 0 || qc >= g.iw) continue;
-            float xv[kCoVc];
-            LdGlobalAcc<T, float, kCoVc>(xr + static_cast<int64_t>(qc) * g.c, xv);
-#pragma unroll
-            for (int i = 0; i < kCoVc; ++i) acc[r][s][i] = fmaf(xv[i], d, acc[r][s][i]);
-          }
-        }
-      }
-    }
-  }
-  float* mine = co_red + (slot * g.vb + v) * NA;
-#pragma unroll
-  for (int r = 0; r < kCoK; ++r)
-#pragma unroll
-    for (int s = 0; s < kCoK; ++s)
-#pragma unroll
-      for (int i = 0; i < kCoVc; ++i) mine[(r * kCoK + s) * kCoVc + i] = acc[r][s][i];
-  __syncthreads();
-  const int per_slot = g.vb * NA;
-  for (int idx = threadIdx.x; idx < per_slot; idx += blockDim.x) {
-    const int vv = idx / NA, e = idx - vv * NA;  // e = tap * 4 + channel
-    if (vv >= nv) continue;
-    float sum = 0.f;
-    for (int k = 0; k < g.ns; ++k) sum += co_red[k * per_slot + idx];
-    const int64_t off = static_cast<int64_t>(e / kCoVc) * g.c + (vt0 + vv) * kCoVc + e % kCoVc;
-    if (gridDim.x > 1) scratch[static_cast<int64_t>(split) * kCoK * kCoK * g.c + off] = sum;
-    else if (out_f32) static_cast<float*>(dw)[off] = sum;
-    else static_cast<T*>(dw)[off] = FromAcc<T>(sum);
-  }
-}
-
-COneWgArgs MakeCOneArgs(const ConvParams& p) {
-  COneWgArgs a{};
-  a.rows = static_cast<int>(p.n[0] * p.out[1]);
-  a.ih = static_cast<int>(p.in[1]), a.iw = static_cast<int>(p.in[2]);
-  a.oh = static_cast<int>(p.out[1]), a.ow = static_cast<int>(p.out[2]);
-  a.c = static_cast<int>(p.c[0]);
-  a.vecs = a.c / kCoVc;
-  a.vb = static_cast<int>(CeilDiv(a.vecs, CeilDiv(a.vecs, 64)));  // at most 64 vectors, channel tiles balanced
-  a.ns = kCoThreads / a.vb;
-  a.sh = static_cast<int>(p.stride[1]), a.sw = static_cast<int>(p.stride[2]);
-  a.ph = static_cast<int>(p.pad_lo[1]), a.pw = static_cast<int>(p.pad_lo[2]);
-  a.dh = static_cast<int>(p.rhs_dil[1]), a.dw = static_cast<int>(p.rhs_dil[2]);
-  a.x_img = p.in[1] * p.in[2] * p.c[0];
-  return a;
-}
-
-bool COneWgradApplies(const ConvParams& p, DT in) {
-  if (in == DT::kF64 || p.layout[0] != kChannelsLast) return false;
-  if (p.k[0] != 1 || p.c[0] < kCoVc || p.c[0] % kCoVc != 0 || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
-  if (p.n[0] < 1 || p.in[0] != 1 || p.out[0] != 1 || p.win[0] != 1 || p.pad_lo[0] != 0) return false;
-  if (p.win[1] != kCoK || p.win[2] != kCoK) return false;
-  // 32-bit coordinates: every tapped position and row index fits in int.
-  for (int d = 1; d < 3; ++d) {
-    if (p.lhs_dil[d] != 1 || p.in[d] < 1 || p.out[d] < 1 || p.in[d] > (1 << 24) || p.out[d] > (1 << 24)) return false;
-    if (p.stride[d] > (1 << 20) || p.rhs_dil[d] > (1 << 20) || p.pad_lo[d] < -(1 << 24) || p.pad_lo[d] > (1 << 24)) {
-      return false;
-    }
-  }
-  return p.n[0] * p.out[1] <= INT32_MAX && p.in[1] * p.in[2] * p.c[0] <= INT32_MAX &&
-         CeilDiv(p.c[0] / kCoVc, 64) <= 65535;
-}
-
-}  // namespace
-
-int64_t COneWgradSplits(const ConvParams& p, DT in) {
-  if (!COneWgradApplies(p, in)) return 0;
-  const COneWgArgs a = MakeCOneArgs(p);
-  const int64_t ctiles = CeilDiv(a.vecs, a.vb);
-  // About four blocks per SM, at least one destination row each, partials within 512 MiB.
-  int64_t splits = std::min<int64_t>(CeilDiv(4 * kPlanSms, ctiles), a.rows);
-  splits = std::min<int64_t>(splits, 1024);
-  splits = std::min<int64_t>(splits, (int64_t(1) << 27) / WElements(p));
-  splits = std::max<int64_t>(1, splits);
-  return CeilDiv(a.rows, CeilDiv(a.rows, splits));  // no empty split
-}
-
-cudaError_t COneWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
-                      int64_t splits, cudaStream_t s, bool* launched) {
-  *launched = false;
-  // Only with the workspace its plan sized (callers that fall back here without one keep the direct kernel).
-  if (!IsF32AccPair(in, out) || splits != COneWgradSplits(p, in) || (splits > 1 && scratch == nullptr) || !Aligned16(x)) {
-    return cudaSuccess;
-  }
-  *launched = true;
-  const COneWgArgs a = MakeCOneArgs(p);
-  const int rows_per_split = static_cast<int>(CeilDiv(a.rows, splits));
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(CeilDiv(a.vecs, a.vb)));
-  const unsigned threads = static_cast<unsigned>(a.vb * a.ns);
-  const size_t smem = static_cast<size_t>(threads) * kCoK * kCoK * kCoVc * sizeof(float);
-  const int out_f32 = out == DT::kF32;
-  float* part = static_cast<float*>(scratch);
-  cudaError_t e;
-  if (in == DT::kF32) {
-    COneWgradKernel<float><<<grid, threads, smem, s>>>(a, rows_per_split, static_cast<const float*>(x),
-                                                       static_cast<const float*>(dy), dw, out_f32, part);
-  } else if (in == DT::kBF16) {
-    COneWgradKernel<__nv_bfloat16><<<grid, threads, smem, s>>>(a, rows_per_split,
-                                                               static_cast<const __nv_bfloat16*>(x),
-                                                               static_cast<const __nv_bfloat16*>(dy), dw, out_f32,
-                                                               part);
-  } else {
-    COneWgradKernel<__half><<<grid, threads, smem, s>>>(a, rows_per_split, static_cast<const __half*>(x),
-                                                        static_cast<const __half*>(dy), dw, out_f32, part);
-  }
-  if ((e = cudaGetLastError()) != cudaSuccess || splits == 1) return e;
-  return ReduceSplits(in, out, scratch, splits, WElements(p), dw, s);
-}
 
 }  // namespace cuda
 }  // namespace jaxconv

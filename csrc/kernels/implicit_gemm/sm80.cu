@@ -59,8 +59,8 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "cuda/common.cuh"
-#include "cuda/igemm.h"
+#include "kernels/shared/common.cuh"
+#include "kernels/implicit_gemm/igemm.h"
 
 #include "cutlass/cutlass.h"
 #include "cutlass/array.h"
@@ -107,8 +107,8 @@ int AlignOf(IgemmMath m) { return (m == IgemmMath::kBF16 || m == IgemmMath::kF16
 int64_t ElemBytesOf(IgemmMath m) { return (m == IgemmMath::kBF16 || m == IgemmMath::kF16) ? 2 : 4; }
 
 // The 2-D problem the kernels run, or false. Pure host code.
-bool MapProblem(const IgemmProblem& pr, CudaOp op, IgemmMath math, Conv2dProblemSize* out) {
-  if (op != CudaOp::kFwd && op != CudaOp::kDgrad && op != CudaOp::kWgrad) return false;
+bool MapProblem(const IgemmProblem& pr, Op op, IgemmMath math, Conv2dProblemSize* out) {
+  if (op != Op::kFwd && op != Op::kDgrad && op != Op::kWgrad) return false;
   if (math != IgemmMath::kBF16 && math != IgemmMath::kF16 && math != IgemmMath::kTF32 &&
       math != IgemmMath::k3xTF32) {
     return false;
@@ -152,15 +152,15 @@ bool MapProblem(const IgemmProblem& pr, CudaOp op, IgemmMath math, Conv2dProblem
   if (!under({n2, h, w, pr.c}, eb) || !under({pr.k, r, s, pr.c}, eb) || !under({n2, p, q, pr.k}, eb)) {
     return false;
   }
-  if (op == CudaOp::kWgrad && !under({pr.k, r, s, pr.c}, 4)) return false;
+  if (op == Op::kWgrad && !under({pr.k, r, s, pr.c}, 4)) return false;
 
   // Grid y (and z) are limited to 65535 blocks: tiles along GEMM N (counted for the narrowest tile).
-  const int64_t gemm_n = op == CudaOp::kFwd ? pr.k : op == CudaOp::kDgrad ? pr.c : r * s * pr.c;
+  const int64_t gemm_n = op == Op::kFwd ? pr.k : op == Op::kDgrad ? pr.c : r * s * pr.c;
   if (CeilDiv64(gemm_n, kNarrowTile) > kMaxGridYZ) return false;
 
-  if (op != CudaOp::kWgrad && (r > 32 || s > 32)) return false;  // one mask bit per filter row / column
+  if (op != Op::kWgrad && (r > 32 || s > 32)) return false;  // one mask bit per filter row / column
   // dgrad: unit stride takes any dilation, stride > 1 none (see DgradKernelT).
-  if (op == CudaOp::kDgrad && (pr.stride[1] != 1 || pr.stride[2] != 1) && (pr.dil[1] != 1 || pr.dil[2] != 1)) {
+  if (op == Op::kDgrad && (pr.stride[1] != 1 || pr.stride[2] != 1) && (pr.dil[1] != 1 || pr.dil[2] != 1)) {
     return false;
   }
 
@@ -221,9 +221,9 @@ int64_t WgradSplits(const Conv2dProblemSize& ps, IgemmMath math, int64_t tile_m,
 // (slice i takes chunks i, i + splits, ... at every filter tap); each slice writes f32 partials of the whole output to
 // the workspace, summed in a fixed order with the bias and activation (ReduceSplitsBiasAct). Slices: Plan3xSplits.
 // The other maths keep one slice (16-bit partials would be rounded; TF32 small grids were not measured).
-int64_t FwdSplits(const Conv2dProblemSize& ps, CudaOp op, IgemmMath math) {
-  if (math != IgemmMath::k3xTF32 || op == CudaOp::kWgrad) return 1;
-  const bool fwd = op == CudaOp::kFwd;
+int64_t FwdSplits(const Conv2dProblemSize& ps, Op op, IgemmMath math) {
+  if (math != IgemmMath::k3xTF32 || op == Op::kWgrad) return 1;
+  const bool fwd = op == Op::kFwd;
   if (!fwd && (ps.stride_h != 1 || ps.stride_w != 1)) return 1;  // CUTLASS's strided dgrad does not split
   const int64_t m = int64_t(ps.N) * (fwd ? int64_t(ps.P) * ps.Q : int64_t(ps.H) * ps.W);
   const int64_t n = fwd ? ps.K : ps.C;
@@ -234,8 +234,8 @@ int64_t FwdSplits(const Conv2dProblemSize& ps, CudaOp op, IgemmMath math) {
 }
 
 // Elements of the fprop / dgrad output (a slice's partial).
-int64_t OutCount(const Conv2dProblemSize& ps, CudaOp op) {
-  return op == CudaOp::kFwd ? int64_t(ps.N) * ps.P * ps.Q * ps.K : int64_t(ps.N) * ps.H * ps.W * ps.C;
+int64_t OutCount(const Conv2dProblemSize& ps, Op op) {
+  return op == Op::kFwd ? int64_t(ps.N) * ps.P * ps.Q * ps.K : int64_t(ps.N) * ps.H * ps.W * ps.C;
 }
 
 // Tile choice (pure host functions of the problem; Run and WorkspaceBytes agree through them). Measured on an
@@ -244,11 +244,11 @@ int64_t OutCount(const Conv2dProblemSize& ps, CudaOp op) {
 bool HasNarrow(IgemmMath m) { return kNarrowTiles && (m == IgemmMath::kBF16 || m == IgemmMath::kF16); }
 
 // fprop and unit-stride dgrad: 128x64 tiles when GEMM N <= 64 or the 128x128 grid fills at most half the SMs.
-[[maybe_unused]] bool UseNarrowN(const Conv2dProblemSize& ps, CudaOp op, IgemmMath math) {
-  if (!HasNarrow(math) || op == CudaOp::kWgrad) return false;
-  if (op == CudaOp::kDgrad && (ps.stride_h != 1 || ps.stride_w != 1)) return false;  // strided: 128x128 only
-  const int64_t m = op == CudaOp::kFwd ? int64_t(ps.N) * ps.P * ps.Q : int64_t(ps.N) * ps.H * ps.W;
-  const int64_t n = op == CudaOp::kFwd ? ps.K : ps.C;
+[[maybe_unused]] bool UseNarrowN(const Conv2dProblemSize& ps, Op op, IgemmMath math) {
+  if (!HasNarrow(math) || op == Op::kWgrad) return false;
+  if (op == Op::kDgrad && (ps.stride_h != 1 || ps.stride_w != 1)) return false;  // strided: 128x128 only
+  const int64_t m = op == Op::kFwd ? int64_t(ps.N) * ps.P * ps.Q : int64_t(ps.N) * ps.H * ps.W;
+  const int64_t n = op == Op::kFwd ? ps.K : ps.C;
   return n <= kNarrowTile || CeilDiv64(m, kTile) * CeilDiv64(n, kTile) <= kPlanSms / 2;
 }
 
@@ -478,7 +478,7 @@ template <class C>
 cudaError_t RunFprop(const Conv2dProblemSize& ps0, const IgemmArgs& a, int64_t splits, cudaStream_t s) {
   using K = FpropKernel<C>;
   using E = typename C::Element;
-  const int64_t count = OutCount(ps0, CudaOp::kFwd);
+  const int64_t count = OutCount(ps0, Op::kFwd);
   if (ShortWorkspace(a, splits, count)) return cudaErrorInvalidValue;
   Conv2dProblemSize ps = ps0;
   ps.split_k_slices = static_cast<int>(splits);
@@ -514,14 +514,14 @@ cudaError_t LaunchSplitK(const IgemmArgs& a, int64_t splits, int64_t count, Make
   const cudaError_t e = splits > 1 ? LaunchConv<K>(make(a.workspace, cutlass::conv::SplitKMode::kParallel), s)
                                    : LaunchConv<K>(make(a.out, cutlass::conv::SplitKMode::kSerial), s);
   if (e != cudaSuccess || splits == 1) return e;
-  return ReduceSplits(DT::kF32, DT::kF32, a.workspace, splits, count, a.out, s);
+  return ReduceSplits(DType::kF32, DType::kF32, a.workspace, splits, count, a.out, s);
 }
 
 // splits > 1: unit stride and f32 operands only (FwdSplits), as RunFprop.
 template <class C, class K>
 cudaError_t RunDgradWith(const Conv2dProblemSize& ps0, const IgemmArgs& a, int64_t splits, cudaStream_t s) {
   using E = typename C::Element;
-  const int64_t count = OutCount(ps0, CudaOp::kDgrad);
+  const int64_t count = OutCount(ps0, Op::kDgrad);
   if (ShortWorkspace(a, splits, count)) return cudaErrorInvalidValue;
   if (splits > 1 && !std::is_same_v<E, float>) return cudaErrorNotSupported;
   Conv2dProblemSize ps = ps0;
@@ -559,35 +559,35 @@ cudaError_t RunWgrad(const Conv2dProblemSize& ps0, const IgemmArgs& a, int64_t s
 }
 
 template <IgemmMath M>
-cudaError_t RunOp(CudaOp op, const Conv2dProblemSize& ps, const IgemmArgs& a, cudaStream_t s) {
+cudaError_t RunOp(Op op, const Conv2dProblemSize& ps, const IgemmArgs& a, cudaStream_t s) {
   if constexpr (NarrowCfg<M>::kHas) {
-    if (op == CudaOp::kFwd && UseNarrowN(ps, op, M)) return RunFprop<typename NarrowCfg<M>::N>(ps, a, 1, s);
-    if (op == CudaOp::kDgrad && UseNarrowN(ps, op, M)) {
+    if (op == Op::kFwd && UseNarrowN(ps, op, M)) return RunFprop<typename NarrowCfg<M>::N>(ps, a, 1, s);
+    if (op == Op::kDgrad && UseNarrowN(ps, op, M)) {
       return RunDgradWith<typename NarrowCfg<M>::N, DgradUnityKernel<typename NarrowCfg<M>::N>>(ps, a, 1, s);
     }
-    if (op == CudaOp::kWgrad && UseNarrowWgrad(ps, M)) {
+    if (op == Op::kWgrad && UseNarrowWgrad(ps, M)) {
       return RunWgrad<typename NarrowCfg<M>::W>(ps, a, WgradSplits(ps, M, kNarrowTile, kTile), s);
     }
   }
   switch (op) {
-    case CudaOp::kFwd: return RunFprop<MathCfg<M>>(ps, a, FwdSplits(ps, op, M), s);
-    case CudaOp::kDgrad: return RunDgrad<MathCfg<M>>(ps, a, FwdSplits(ps, op, M), s);
-    case CudaOp::kWgrad: return RunWgrad<MathCfg<M>>(ps, a, WgradSplits(ps, M, kTile, kTile), s);
+    case Op::kFwd: return RunFprop<MathCfg<M>>(ps, a, FwdSplits(ps, op, M), s);
+    case Op::kDgrad: return RunDgrad<MathCfg<M>>(ps, a, FwdSplits(ps, op, M), s);
+    case Op::kWgrad: return RunWgrad<MathCfg<M>>(ps, a, WgradSplits(ps, M, kTile, kTile), s);
   }
   return cudaErrorNotSupported;
 }
 
 }  // namespace
 
-bool IgemmSm80Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+bool IgemmSm80Supports(const IgemmProblem& pr, Op op, IgemmMath math) {
   Conv2dProblemSize ps;
   return MapProblem(pr, op, math, &ps);
 }
 
-size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, Op op, IgemmMath math) {
   Conv2dProblemSize ps;
   if (!MapProblem(pr, op, math, &ps)) return 0;
-  if (op != CudaOp::kWgrad) {
+  if (op != Op::kWgrad) {
     const int64_t splits = FwdSplits(ps, op, math);
     return splits > 1 ? static_cast<size_t>(splits * OutCount(ps, op)) * sizeof(float) : 0;
   }
@@ -597,22 +597,22 @@ size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math
   return static_cast<size_t>(splits * int64_t(ps.K) * ps.R * ps.S * ps.C) * sizeof(float);
 }
 
-cudaError_t IgemmSm80Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,
+cudaError_t IgemmSm80Run(const IgemmProblem& pr, Op op, IgemmMath math, const IgemmArgs& args,
                          cudaStream_t stream) {
   Conv2dProblemSize ps;
   if (!MapProblem(pr, op, math, &ps)) return cudaErrorNotSupported;
   const bool narrow = math == IgemmMath::kBF16 || math == IgemmMath::kF16;
-  if (op != CudaOp::kWgrad && narrow && args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
-  if (op == CudaOp::kFwd && (args.act < kActNone || args.act > kActSilu)) return cudaErrorNotSupported;
+  if (op != Op::kWgrad && narrow && args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
+  if (op == Op::kFwd && (args.act < kActNone || args.act > kActSilu)) return cudaErrorNotSupported;
   if (args.a == nullptr || args.b == nullptr || args.out == nullptr) return cudaErrorInvalidValue;
   // Every global access (bias included) is a 128-bit vector: the pointers must be 16-byte aligned.
   auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) != 0; };
   if (misaligned(args.a) || misaligned(args.b) || misaligned(args.out) ||
-      (op == CudaOp::kFwd && misaligned(args.bias)) || misaligned(args.workspace)) {
+      (op == Op::kFwd && misaligned(args.bias)) || misaligned(args.workspace)) {
     return cudaErrorNotSupported;
   }
   IgemmArgs a = args;
-  if (op != CudaOp::kFwd) {  // igemm.h: dgrad and wgrad ignore bias and act
+  if (op != Op::kFwd) {  // igemm.h: dgrad and wgrad ignore bias and act
     a.bias = nullptr;
     a.act = kActNone;
   }

@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "conv_params.h"
-#include "cuda/kernels.h"
+#include "core/conv_params.h"
+#include "kernels/shared/kernels.h"
 
 namespace jaxconv {
 namespace cuda {
@@ -23,7 +23,7 @@ struct DwPlane {
 // strides and pads stay the forward's and the caller decides whether it has a kernel for them. False unless
 // channels-last, depthwise with multiplier 1, no dilation, every extent >= 1, coordinates well inside 32 bits, and a
 // D window of 1 at stride 1 without padding (each D position maps onto itself: part of the batch).
-inline bool DwPlaneOf(const ConvParams& p, CudaOp op, DwPlane* out) {
+inline bool DwPlaneOf(const ConvParams& p, Op op, DwPlane* out) {
   if (p.layout[0] != kChannelsLast) return false;
   const int64_t c = p.c[0];
   if (p.groups[0] != c || p.k[0] != c || p.batch_groups[0] != 1 || p.n[0] < 1 || c < 1) return false;
@@ -42,7 +42,7 @@ inline bool DwPlaneOf(const ConvParams& p, CudaOp op, DwPlane* out) {
   v.sw = p.stride[2];
   v.ph = p.pad_lo[1];
   v.pw = p.pad_lo[2];
-  if (op != CudaOp::kDgrad) {
+  if (op != Op::kDgrad) {
     v.src_rows = p.in[1], v.src_cols = p.in[2], v.dst_rows = p.out[1], v.dst_cols = p.out[2];
   } else {
     v.src_rows = p.out[1], v.src_cols = p.out[2], v.dst_rows = p.in[1], v.dst_cols = p.in[2];

@@ -34,7 +34,7 @@
 //
 // Built only when the build's arch list has 90a (CMake defines JAXCONV_IGEMM_SM90=1 for that target); otherwise
 // every entry point reports "not supported".
-#include "cuda/igemm.h"
+#include "kernels/implicit_gemm/igemm.h"
 
 #include <cuda_runtime.h>
 
@@ -44,7 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/common.cuh"
+#include "kernels/shared/common.cuh"
 
 #if defined(JAXCONV_IGEMM_SM90) && JAXCONV_IGEMM_SM90
 #define JAXCONV_SM90_KERNELS 1
@@ -61,7 +61,7 @@
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/device_kernel.h"
 #include "cutlass/fast_math.h"
-#include "cuda/cutlass_act.cuh"
+#include "kernels/shared/cutlass_act.cuh"
 #else
 #define JAXCONV_SM90_KERNELS 0
 #endif
@@ -718,18 +718,18 @@ bool ExtentChecks(const IgemmProblem& pr, int64_t align) {
 }
 
 // ExtentChecks plus what the rank-3 kernels (every op's) need.
-[[maybe_unused]] bool BasicChecks(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+[[maybe_unused]] bool BasicChecks(const IgemmProblem& pr, Op op, IgemmMath math) {
   if (math == IgemmMath::k3xTF32) return false;             // igemm_sm80.cu
-  if (math == IgemmMath::kTF32 && op != CudaOp::kFwd) return false;  // tf32 wgmma is K-major only
+  if (math == IgemmMath::kTF32 && op != Op::kFwd) return false;  // tf32 wgmma is K-major only
   if (!ExtentChecks(pr, math == IgemmMath::kTF32 ? 4 : 8)) return false;
   for (int i = 0; i < 3; ++i) {
-    if (op == CudaOp::kDgrad && pr.stride[i] != 1) return false;  // no strided dgrad on sm90
+    if (op == Op::kDgrad && pr.stride[i] != 1) return false;  // no strided dgrad on sm90
     // TMA im2col, 3-D: padding <= 16, filter offset (win-1)*dil < 31 (can_implement checks both again).
     if (pr.pad_lo[i] > 16 || pr.pad_hi[i] > 16 || (pr.win[i] - 1) * pr.dil[i] >= 31) return false;
   }
   // wgrad's grid has the N tiles in y (at most 65535); fprop/dgrad use a 1-D persistent grid.
   const int64_t taps = pr.win[0] * pr.win[1] * pr.win[2];
-  return op != CudaOp::kWgrad || CeilDiv(pr.c, WgTileOf(pr).n) * taps <= kMaxGridY;
+  return op != Op::kWgrad || CeilDiv(pr.c, WgTileOf(pr).n) * taps <= kMaxGridY;
 }
 
 // The large-window TF32 forward runs rank 2: the depth dim must be trivial.
@@ -1002,10 +1002,10 @@ cudaError_t LaunchKernel(const typename K::Params& params, dim3 grid, cudaStream
 // for 16-bit operands, 128 x kNarrowTileN for TF32 (no tall instantiation). Else 128x128. kPlanSms, not the
 // device's count: Supports must not query the device.
 enum class FwdTile { kWide, kNarrow, kTall };
-[[maybe_unused]] FwdTile FwdTileOf(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
-  const int64_t n = op == CudaOp::kFwd ? pr.k : pr.c;
+[[maybe_unused]] FwdTile FwdTileOf(const IgemmProblem& pr, Op op, IgemmMath math) {
+  const int64_t n = op == Op::kFwd ? pr.k : pr.c;
   if (n <= kNarrowTileN) return FwdTile::kNarrow;
-  const int64_t pixels = op == CudaOp::kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
+  const int64_t pixels = op == Op::kFwd ? pr.out[0] * pr.out[1] * pr.out[2] : pr.in[0] * pr.in[1] * pr.in[2];
   if (CeilDiv(pr.n * pixels, kFwdTileM) * CeilDiv(n, kFwdTileN) >= kPlanSms) return FwdTile::kWide;
   return math == IgemmMath::kTF32 ? FwdTile::kNarrow : FwdTile::kTall;
 }
@@ -1202,7 +1202,7 @@ using DgradTiles = DgradCfg<T, TileN, TileM>;
 // Calls f(Cfg<T, tile N, tile M>{}) (FpropTiles or DgradTiles) with the problem's tiles: SplitCfg on 128x128 tiles
 // when SplitPlanFwd splits (the TF32 forward, so instantiated for FpropCfg<float> only), else FwdTileOf's.
 template <template <class, int, int> class Cfg, class T, class F>
-auto WithFwdCfg(const IgemmProblem& pr, CudaOp op, IgemmMath math, F&& f) {
+auto WithFwdCfg(const IgemmProblem& pr, Op op, IgemmMath math, F&& f) {
   using Wide = Cfg<T, kFwdTileN, kFwdTileM>;
   if constexpr (cute::is_same_v<T, float> && Wide::kOp == Operator::kFprop) {
     if (SplitPlanFwd(pr, math).splits > 1) return f(SplitCfg<Wide>{});
@@ -1256,7 +1256,7 @@ cudaError_t ScatterFwdRun(const IgemmScatterPhase* phases, int count, IgemmMath 
 
 #if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 1
 bool FwdSupports(const IgemmProblem& pr, IgemmMath math) {
-  constexpr CudaOp op = CudaOp::kFwd;
+  constexpr Op op = Op::kFwd;
   auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
   if (math == IgemmMath::kBF16) return WithFwdCfg<FpropTiles, cutlass::bfloat16_t>(pr, op, math, can);
   if (math == IgemmMath::kF16) return WithFwdCfg<FpropTiles, cutlass::half_t>(pr, op, math, can);
@@ -1264,7 +1264,7 @@ bool FwdSupports(const IgemmProblem& pr, IgemmMath math) {
 }
 
 cudaError_t FwdRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream) {
-  constexpr CudaOp op = CudaOp::kFwd;
+  constexpr Op op = Op::kFwd;
   // kF32 out is the operand type for tf32 (f32 operands); 16-bit operands write 16-bit only.
   if (args.out_type != IgemmOut::kSame && math != IgemmMath::kTF32) return cudaErrorNotSupported;
   auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
@@ -1276,14 +1276,14 @@ cudaError_t FwdRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args
 
 #if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 2
 bool DgradSupports(const IgemmProblem& pr, IgemmMath math) {
-  constexpr CudaOp op = CudaOp::kDgrad;
+  constexpr Op op = Op::kDgrad;
   auto can = [&](auto cfg) { return CanImplement<decltype(cfg)>(pr); };
   if (math == IgemmMath::kBF16) return WithFwdCfg<DgradTiles, cutlass::bfloat16_t>(pr, op, math, can);
   return WithFwdCfg<DgradTiles, cutlass::half_t>(pr, op, math, can);
 }
 
 cudaError_t DgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& args, cudaStream_t stream) {
-  constexpr CudaOp op = CudaOp::kDgrad;
+  constexpr Op op = Op::kDgrad;
   if (args.out_type != IgemmOut::kSame) return cudaErrorNotSupported;
   auto run = [&](auto cfg) { return RunFwdOrDgrad<decltype(cfg)>(pr, args, math, stream); };
   if (math == IgemmMath::kBF16) return WithFwdCfg<DgradTiles, cutlass::bfloat16_t>(pr, op, math, run);
@@ -1344,13 +1344,13 @@ cudaError_t WgradRun(const IgemmProblem& pr, IgemmMath math, const IgemmArgs& ar
 #endif  // JAXCONV_SM90_KERNELS
 
 #if JAXCONV_SM90_PART == 0 || JAXCONV_SM90_PART == 3
-bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+bool IgemmSm90Supports(const IgemmProblem& pr, Op op, IgemmMath math) {
 #if JAXCONV_SM90_KERNELS
   if (!BasicChecks(pr, op, math)) return false;
   switch (op) {
-    case CudaOp::kFwd: return sm90::FwdSupports(pr, math);
-    case CudaOp::kDgrad: return sm90::DgradSupports(pr, math);
-    case CudaOp::kWgrad: return sm90::WgradSupports(pr, math);
+    case Op::kFwd: return sm90::FwdSupports(pr, math);
+    case Op::kDgrad: return sm90::DgradSupports(pr, math);
+    case Op::kWgrad: return sm90::WgradSupports(pr, math);
   }
   return false;
 #else
@@ -1361,13 +1361,13 @@ bool IgemmSm90Supports(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
 #endif
 }
 
-size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math) {
+size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, Op op, IgemmMath math) {
 #if JAXCONV_SM90_KERNELS
   // CUTLASS's conv kernel needs none; only the split partial sums.
   if (!IgemmSm90Supports(pr, op, math)) return 0;
   switch (op) {
-    case CudaOp::kFwd: return SplitFwdWorkspace(pr, math);
-    case CudaOp::kWgrad: return WgradWorkspace(pr);
+    case Op::kFwd: return SplitFwdWorkspace(pr, math);
+    case Op::kWgrad: return WgradWorkspace(pr);
     default: return 0;
   }
 #else
@@ -1416,7 +1416,7 @@ template <class PrOf>
 bool ScatterChecks(int count, IgemmMath math, PrOf pr) {
   if (count < 1 || count > kMaxScatterPhases) return false;
   for (int i = 0; i < count; ++i) {
-    if (!BasicChecks(pr(i), CudaOp::kFwd, math) || pr(i).k != pr(0).k) return false;
+    if (!BasicChecks(pr(i), Op::kFwd, math) || pr(i).k != pr(0).k) return false;
   }
   return true;
 }
@@ -1451,14 +1451,14 @@ cudaError_t IgemmSm90ScatterFwdRun(const IgemmScatterPhase* phases, int count, I
 #endif
 }
 
-cudaError_t IgemmSm90Run(const IgemmProblem& pr, CudaOp op, IgemmMath math, const IgemmArgs& args,
+cudaError_t IgemmSm90Run(const IgemmProblem& pr, Op op, IgemmMath math, const IgemmArgs& args,
                          cudaStream_t stream) {
 #if JAXCONV_SM90_KERNELS
   if (!BasicChecks(pr, op, math)) return cudaErrorNotSupported;
   switch (op) {
-    case CudaOp::kFwd: return sm90::FwdRun(pr, math, args, stream);
-    case CudaOp::kDgrad: return sm90::DgradRun(pr, math, args, stream);
-    case CudaOp::kWgrad: return sm90::WgradRun(pr, math, args, stream);
+    case Op::kFwd: return sm90::FwdRun(pr, math, args, stream);
+    case Op::kDgrad: return sm90::DgradRun(pr, math, args, stream);
+    case Op::kWgrad: return sm90::WgradRun(pr, math, args, stream);
   }
   return cudaErrorNotSupported;
 #else

@@ -30,8 +30,8 @@
 // tensor cores).
 #include <algorithm>
 
-#include "cuda/common.cuh"
-#include "cuda/mma.cuh"
+#include "kernels/shared/common.cuh"
+#include "kernels/shared/mma.cuh"
 
 namespace jaxconv {
 namespace cuda {
@@ -239,7 +239,7 @@ cudaError_t GatherByCo(const ScArgs& g, const void* src, const void* w, const vo
   return LaunchGather<T, TO, 64, 4, 4>(g, src, w, bias, dst, s, launched);
 }
 
-cudaError_t RunGather(const ScArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
+cudaError_t RunGather(const ScArgs& g, DType in, DType out, const void* src, const void* w, const void* bias, void* dst,
                       cudaStream_t s, bool* launched) {
 #define JAXCONV_BODY(T, TO) return GatherByCo<T, TO>(g, src, w, bias, dst, s, launched)
   JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
@@ -421,10 +421,10 @@ cudaError_t LaunchRowSeg(const ScArgs& g, const void* src, const void* w, const 
 
 // Taken for the forward with k % 8 == 0, a (W taps, W stride) of (3, 1), (5, 1), (3, 2) or (7, 2), no W-dilation
 // and no lhs dilation along W, f32/16-bit data; any H and D geometry.
-cudaError_t RunRowSeg(const ScArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
+cudaError_t RunRowSeg(const ScArgs& g, DType in, DType out, const void* src, const void* w, const void* bias, void* dst,
                       cudaStream_t s, bool* launched) {
   *launched = false;
-  if (in == DT::kF64 || g.cout % kRsKg != 0 || g.wCo != 1 || g.sS[2] != g.cin || g.dS[2] != g.cout) {
+  if (in == DType::kF64 || g.cout % kRsKg != 0 || g.wCo != 1 || g.sS[2] != g.cin || g.dS[2] != g.cout) {
     return cudaSuccess;
   }
   if (g.gamma[2] != 1 || g.delta[2] != 1 || !Aligned16(w) || !Aligned16(dst)) return cudaSuccess;
@@ -789,7 +789,7 @@ cudaError_t StencilByCh(const StArgs& g, const void* src, const void* w, const v
 }
 
 // The stencil kernel when the problem fits it (sets *launched), else nothing.
-cudaError_t RunStencil(const ScArgs& a, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
+cudaError_t RunStencil(const ScArgs& a, DType in, DType out, const void* src, const void* w, const void* bias, void* dst,
                        cudaStream_t s, bool* launched) {
   *launched = false;
   if (a.alpha[1] != 1 || a.alpha[2] != 1 || a.delta[1] != 1 || a.delta[2] != 1) return cudaSuccess;
@@ -1292,8 +1292,8 @@ cudaError_t LaunchTw(const TwArgs& g, const void* x, const void* dy, void* scrat
 
 // The tiled wgrad's plan: channel blocks of 1 or 4 input and output channels, float partial sums (not f64);
 // false where it does not apply (the gather wgrad runs instead).
-bool TiledWgradPlan(const ConvParams& p, DT in, TwArgs* g, int* cbw, int* kbw) {
-  if (in == DT::kF64) return false;
+bool TiledWgradPlan(const ConvParams& p, DType in, TwArgs* g, int* cbw, int* kbw) {
+  if (in == DType::kF64) return false;
   *cbw = p.c[0] == 1 ? 1 : (p.c[0] % 4 == 0 ? 4 : 0);
   *kbw = p.k[0] == 1 ? 1 : (p.k[0] % 4 == 0 ? 4 : 0);
   return *cbw != 0 && *kbw != 0 && MakeTwArgs(p, *cbw, *kbw, g);
@@ -1616,7 +1616,7 @@ cudaError_t LaunchPixelMma(const ScArgs& g, const void* src, const void* w, cons
 // The pixel kernel when g fits it (4 -> 4 channels, channels-last pixels, delta = 1, float accumulation, the
 // filter in 48 KiB, 16-byte aligned buffers, a grid within CUDA's y and z limits), else nothing (*launched =
 // false).
-cudaError_t RunPixel(const ScArgs& g, DT in, DT out, const void* src, const void* w, const void* bias, void* dst,
+cudaError_t RunPixel(const ScArgs& g, DType in, DType out, const void* src, const void* w, const void* bias, void* dst,
                      cudaStream_t s, bool* launched) {
   *launched = false;
   if (g.cin != 4 || g.cout != 4 || !IsF32AccPair(in, out)) return cudaSuccess;
@@ -1972,8 +1972,8 @@ __global__ void __launch_bounds__(kWgMmaWarps * 32, 1) ScPixelWgradMmaKernel(con
 // float partial sums, at least 32 output columns. Row chunks such that slices x column tiles x chunks is about 1
 // block per SM for 16-bit data, 2 for float32 (msd's 512² layer with its reduction, run 178: bf16 7.5 µs at 1, 8.1
 // at 2, 9.7 at 3, 11.2 at 4; f32 8.2 at 1 and 2, 10.7 at 3; the reduction takes 1.7 µs for 1 and 2.0 for 2).
-bool PixelWgradPlan(const ConvParams& p, DT in, PxWgArgs* out) {
-  if (in == DT::kF64 || p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
+bool PixelWgradPlan(const ConvParams& p, DType in, PxWgArgs* out) {
+  if (in == DType::kF64 || p.layout[0] != kChannelsLast || p.groups[0] != 1 || p.batch_groups[0] != 1) return false;
   if (p.c[0] != 4 || p.k[0] != 4 || p.out[2] < 32) return false;
   if (p.in[0] < 1 || p.in[1] < 1 || p.in[2] < 1) return false;  // a clamped column must exist
   PxWgArgs g{};
@@ -1993,7 +1993,7 @@ bool PixelWgradPlan(const ConvParams& p, DT in, PxWgArgs* out) {
   g.dN = ys.s[0]; g.dS0 = static_cast<int>(ys.s[2]); g.dS1 = static_cast<int>(ys.s[3]);
   g.welems = WElements(p);
   g.planes = static_cast<int>(planes);
-  g.mma = (in == DT::kBF16 || in == DT::kF16) && p.win[1] <= 4 && p.win[2] <= 4 && p.stride[1] == 1;
+  g.mma = (in == DType::kBF16 || in == DType::kF16) && p.win[1] <= 4 && p.win[2] <= 4 && p.stride[1] == 1;
   // 16-bit data: the tensor-core kernel, with at most one block of 16 warps per SM (a second wave of a few blocks
   // doubled its time on 1024², run 258), which also keeps the partial vectors few (the reduction's warp per element
   // takes up to 128).
@@ -2012,7 +2012,7 @@ bool PixelWgradPlan(const ConvParams& p, DT in, PxWgArgs* out) {
   g.tgroups = static_cast<int>(CeilDiv(p.win[2], kPxTaps));
   g.nslices = static_cast<int>(p.win[0] * p.win[1]) * g.tgroups;
   g.ctiles = static_cast<int>(CeilDiv(p.out[2], kPxThreads));
-  const int64_t per_sm = in == DT::kF32 ? 2 : 1;
+  const int64_t per_sm = in == DType::kF32 ? 2 : 1;
   const int64_t want = CeilDiv(per_sm * kPlanSms, static_cast<int64_t>(g.nslices) * g.ctiles * planes);
   g.per_chunk = static_cast<int>(CeilDiv(p.out[1], std::min<int64_t>(std::max<int64_t>(want, 1), p.out[1])));
   g.rchunks = static_cast<int>(CeilDiv(p.out[1], g.per_chunk));
@@ -2027,7 +2027,7 @@ bool PixelWgradPlan(const ConvParams& p, DT in, PxWgArgs* out) {
 int64_t PixelWgradTiles(const PxWgArgs& g) { return static_cast<int64_t>(g.planes) * g.rchunks * g.ctiles; }
 
 // Launches the pixel filter gradient; *launched = false (nothing run) for buffers not 16-byte aligned.
-cudaError_t RunPixelWgrad(const PxWgArgs& g, DT in, DT out, const void* x, const void* dy, void* scratch,
+cudaError_t RunPixelWgrad(const PxWgArgs& g, DType in, DType out, const void* x, const void* dy, void* scratch,
                           cudaStream_t s, bool* launched) {
   *launched = Aligned16(x) && Aligned16(dy);
   if (!*launched) return cudaSuccess;
@@ -2049,7 +2049,7 @@ cudaError_t RunPixelWgrad(const PxWgArgs& g, DT in, DT out, const void* x, const
 
 }  // namespace
 
-cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+cudaError_t SmallChannelFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s) {
   const Strides5 xs = XStrides(p), ys = YStrides(p);
   ScArgs g{};
@@ -2092,7 +2092,7 @@ cudaError_t SmallChannelFwd(const ConvParams& p, DT in, DT out, const void* x, c
   return DirectFwd(p, in, out, x, w, bias, y, s);
 }
 
-cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+cudaError_t SmallChannelDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
                               cudaStream_t s) {
   const Strides5 xs = XStrides(p), ys = YStrides(p);
   ScArgs g{};
@@ -2132,7 +2132,7 @@ cudaError_t SmallChannelDgrad(const ConvParams& p, DT in, DT out, const void* dy
   return DirectDgrad(p, in, out, dy, w, dx, s);
 }
 
-int64_t SmallChannelWgradChunks(const ConvParams& p, DT in) {
+int64_t SmallChannelWgradChunks(const ConvParams& p, DType in) {
   if (WElements(p) <= 0) return 0;
   if (PlaneStencilApplies(p, in)) return PlaneWgradBlocks(p);
   PxWgArgs px{};
@@ -2143,7 +2143,7 @@ int64_t SmallChannelWgradChunks(const ConvParams& p, DT in) {
   return MakeWgArgs(p).chunks;
 }
 
-cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
+cudaError_t SmallChannelWgrad(const ConvParams& p, DType in, DType out, const void* x, const void* dy, void* dw,
                               void* scratch, size_t scratch_bytes, cudaStream_t s) {
   const int64_t welems = WElements(p);
   if (welems <= 0) return cudaSuccess;
@@ -2165,18 +2165,18 @@ cudaError_t SmallChannelWgrad(const ConvParams& p, DT in, DT out, const void* x,
     if (e == cudaSuccess && !launched) return DirectWgrad(p, in, out, x, dy, dw, nullptr, 1, s);  // as above
   } else if (TiledWgradPlan(p, in, &t, &cbw, &kbw)) {
     switch (in) {
-      case DT::kBF16: e = RunTw<__nv_bfloat16>(t, cbw, kbw, x, dy, scratch, s); break;
-      case DT::kF16: e = RunTw<__half>(t, cbw, kbw, x, dy, scratch, s); break;
+      case DType::kBF16: e = RunTw<__nv_bfloat16>(t, cbw, kbw, x, dy, scratch, s); break;
+      case DType::kF16: e = RunTw<__half>(t, cbw, kbw, x, dy, scratch, s); break;
       default: e = RunTw<float>(t, cbw, kbw, x, dy, scratch, s); break;
     }
   } else {
     const ScWgArgs g = MakeWgArgs(p);
     const WgCfg cfg = PickWgCfg(p);
     switch (in) {
-      case DT::kF32: e = WgByCfg<float>(g, cfg, x, dy, scratch, s); break;
-      case DT::kF64: e = WgByCfg<double>(g, cfg, x, dy, scratch, s); break;
-      case DT::kBF16: e = WgByCfg<__nv_bfloat16>(g, cfg, x, dy, scratch, s); break;
-      case DT::kF16: e = WgByCfg<__half>(g, cfg, x, dy, scratch, s); break;
+      case DType::kF32: e = WgByCfg<float>(g, cfg, x, dy, scratch, s); break;
+      case DType::kF64: e = WgByCfg<double>(g, cfg, x, dy, scratch, s); break;
+      case DType::kBF16: e = WgByCfg<__nv_bfloat16>(g, cfg, x, dy, scratch, s); break;
+      case DType::kF16: e = WgByCfg<__half>(g, cfg, x, dy, scratch, s); break;
     }
   }
   if (e != cudaSuccess) return e;

@@ -29,10 +29,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/common.cuh"
-#include "cuda/depthwise_plane.h"
-#include "cuda/kernels.h"
-#include "cuda/mma.cuh"
+#include "kernels/shared/common.cuh"
+#include "kernels/depthwise/plane.h"
+#include "kernels/shared/kernels.h"
+#include "kernels/shared/mma.cuh"
 
 namespace jaxconv {
 namespace cuda {
@@ -325,11 +325,11 @@ __global__ void __launch_bounds__(kThreads) DwMmaKernel(const DwMmaArgs g, const
 // vectors); the data gradient as the flipped forward, the filter gradient in the forward's geometry.
 constexpr int kK = 7;
 
-bool MakeMmaProblem(const ConvParams& p, CudaOp op, DT in, DwPlane* tp) {
+bool MakeMmaProblem(const ConvParams& p, Op op, DType in, DwPlane* tp) {
   DwPlane t;
-  if ((in != DT::kBF16 && in != DT::kF16) || !DwPlaneOf(p, op, &t)) return false;
+  if ((in != DType::kBF16 && in != DType::kF16) || !DwPlaneOf(p, op, &t)) return false;
   if (t.kh != kK || t.kw != kK || t.sh != 1 || t.sw != 1 || t.c % 8 != 0) return false;
-  if (op == CudaOp::kDgrad && !t.flip) return false;
+  if (op == Op::kDgrad && !t.flip) return false;
   *tp = t;
   return true;
 }
@@ -337,7 +337,7 @@ bool MakeMmaProblem(const ConvParams& p, CudaOp op, DT in, DwPlane* tp) {
 // WithF32AccTypes for the 16-bit inputs only: f(T(), TO()) is not instantiated for float32 inputs, which no caller
 // passes (MakeMmaProblem takes 16-bit data only).
 template <class F>
-cudaError_t With16BitTypes(DT in, DT out, F&& f) {
+cudaError_t With16BitTypes(DType in, DType out, F&& f) {
   return WithF32AccTypes(in, out, [&](auto ti, auto to) -> cudaError_t {
     if constexpr (std::is_same_v<decltype(ti), float>) {
       return cudaSuccess;  // not reached
@@ -423,7 +423,7 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, const void* src, co
   return cudaGetLastError();
 }
 
-cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
+cudaError_t Run(const ConvParams& p, Op op, DType in, DType out, const void* src, const void* w, const void* bias,
                 void* dst, cudaStream_t s, bool* launched) {
   *launched = false;
   DwPlane t;
@@ -431,7 +431,7 @@ cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, 
       !Aligned16(dst)) {
     return cudaSuccess;
   }
-  const int act = op == CudaOp::kFwd ? static_cast<int>(p.activation[0]) : kActNone;
+  const int act = op == Op::kFwd ? static_cast<int>(p.activation[0]) : kActNone;
   return With16BitTypes(in, out, [&](auto ti, auto to) {
     return Launch<decltype(ti), decltype(to)>(t, act, bias != nullptr, src, w, bias, dst, s, launched);
   });
@@ -627,9 +627,9 @@ bool MakeWgradPlan(const DwPlane& t, WgradPlan* out) {
 
 // The filter gradient's plan when the kernel takes the problem: 16-bit data (every output dtype the handlers pair
 // with it), cotangent rows at least kWgMinCols wide.
-bool WgradPlanOf(const ConvParams& p, DT in, WgradPlan* pl) {
+bool WgradPlanOf(const ConvParams& p, DType in, WgradPlan* pl) {
   DwPlane t;
-  if (!MakeMmaProblem(p, CudaOp::kWgrad, in, &t) || t.dst_cols < kWgMinCols || !MakeWgradPlan(t, pl)) {
+  if (!MakeMmaProblem(p, Op::kWgrad, in, &t) || t.dst_cols < kWgMinCols || !MakeWgradPlan(t, pl)) {
     return false;
   }
   DwMmaWgradArgs& a = pl->a;
@@ -644,22 +644,22 @@ bool WgradPlanOf(const ConvParams& p, DT in, WgradPlan* pl) {
 
 }  // namespace
 
-cudaError_t DepthwiseMmaFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+cudaError_t DepthwiseMmaFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched) {
-  return Run(p, CudaOp::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
+  return Run(p, Op::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
 }
 
-cudaError_t DepthwiseMmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+cudaError_t DepthwiseMmaDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched) {
-  return Run(p, CudaOp::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
+  return Run(p, Op::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
 }
 
-int64_t DepthwiseMmaWgradSplits(const ConvParams& p, DT in) {
+int64_t DepthwiseMmaWgradSplits(const ConvParams& p, DType in) {
   WgradPlan pl;
   return WgradPlanOf(p, in, &pl) ? pl.a.splits : 0;
 }
 
-cudaError_t DepthwiseMmaWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw,
+cudaError_t DepthwiseMmaWgrad(const ConvParams& p, DType in, DType out, const void* x, const void* dy, void* dw,
                               void* scratch, int64_t splits, cudaStream_t s, bool* launched) {
   *launched = false;
   WgradPlan pl;

@@ -8,7 +8,7 @@
 
 #include <type_traits>
 
-#include "cuda/common.cuh"
+#include "kernels/shared/common.cuh"
 
 namespace jaxconv {
 namespace cuda {

@@ -1,5 +1,5 @@
-// General direct convolution: every configuration of conv_params.h (both layouts, strides, negative/large pads,
-// lhs/rhs dilation, feature and batch groups, zero-size dims).
+// direct.gemm, the floor under every problem: direct convolution for every configuration of conv_params.h (both
+// layouts, strides, negative/large pads, lhs/rhs dilation, feature and batch groups, zero-size dims).
 //
 // fwd and dgrad share one implicit-GEMM kernel (gather form, one writer per output element, no atomics):
 //   out[unit u][pos][col] = epilogue( sum_{tap, r} A(u, pos, tap, r) * B(u, r, col, tap) )
@@ -15,7 +15,8 @@
 // wgrad: dw[kk, cg, tap] = sum over (nb, o); one tile kernel (rows kk, cols (tap, cg)), reduction in chunks of 16
 // positions in a fixed order; optional split-K writes per-split partial sums to scratch and ReduceSplits adds them
 // in split order (deterministic, no atomics).
-#include "cuda/common.cuh"
+#include "dispatch/variant.h"
+#include "kernels/shared/common.cuh"
 
 namespace jaxconv {
 namespace cuda {
@@ -189,7 +190,7 @@ cudaError_t LaunchGemm(GemmArgs g, const void* a, const void* b, const void* bia
   return cudaGetLastError();
 }
 
-cudaError_t RunGemm(const GemmArgs& g, DT in, DT out, const void* a, const void* b, const void* bias, void* o,
+cudaError_t RunGemm(const GemmArgs& g, DType in, DType out, const void* a, const void* b, const void* bias, void* o,
                     cudaStream_t s) {
 #define JAXCONV_BODY(T, TO) return LaunchGemm<T, TO>(g, a, b, bias, o, s)
   JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
@@ -360,34 +361,6 @@ __global__ void __launch_bounds__(kThreads, 1) WgradKernel(const WgradArgs g, co
   }
 }
 
-// kEpi: then y[e] = act(sum + bias[e % k]) (bias may be null), the epilogue of a forward split over its reduction.
-template <class TA, class TO, bool kEpi = false>
-__global__ void __launch_bounds__(kThreads) ReduceSplitsKernel(const TA* __restrict__ src, int64_t splits,
-                                                               int64_t count, TO* __restrict__ dst,
-                                                               const TO* __restrict__ bias = nullptr, int64_t k = 1,
-                                                               int act = kActNone) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += step) {
-    TA v = src[e];
-    int64_t s = 1;
-    // 8 loads in flight, added in split order (one load at a time left the sum latency-bound: about 10 us for the
-    // 76 splits of a ConvNeXt 7x7 filter gradient, H200 run 276).
-    for (; s + 8 <= splits; s += 8) {
-      TA t[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) t[i] = src[(s + i) * count + e];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v += t[i];
-    }
-    for (; s < splits; ++s) v += src[s * count + e];
-    if constexpr (kEpi) {
-      if (bias != nullptr) v += ToAcc(bias[e % k]);
-      v = Activate(v, act);
-    }
-    dst[e] = FromAcc<TO>(v);
-  }
-}
-
 WgradArgs MakeWgradArgs(const ConvParams& p, bool narrow) {
   const Units un = GetUnits(p);
   const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
@@ -437,36 +410,8 @@ WgradArgs MakeWgradArgs(const ConvParams& p, bool narrow) {
 
 bool WgradNarrow(const ConvParams& p) { return GetUnits(p).ku <= 16; }
 
-}  // namespace
-
-cudaError_t ReduceSplits(DT in, DT out, const void* scratch, int64_t splits, int64_t count, void* dst,
-                         cudaStream_t s) {
-  if (count <= 0) return cudaSuccess;
-  const unsigned grid = GridX(CeilDiv(count, kThreads) > 65536 ? 65536 : CeilDiv(count, kThreads));
-#define JAXCONV_BODY(T, TO)                                                                                 \
-  ReduceSplitsKernel<typename AccOf<T>::type, TO><<<grid, kThreads, 0, s>>>(                               \
-      static_cast<const typename AccOf<T>::type*>(scratch), splits, count, static_cast<TO*>(dst));         \
-  return cudaGetLastError()
-  JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
-#undef JAXCONV_BODY
-}
-
-cudaError_t ReduceSplitsBiasAct(const float* scratch, int64_t splits, int64_t count, int64_t k, const float* bias,
-                                int64_t act, float* dst, cudaStream_t s) {
-  if (count <= 0) return cudaSuccess;
-  const unsigned grid = GridX(CeilDiv(count, kThreads) > 65536 ? 65536 : CeilDiv(count, kThreads));
-  ReduceSplitsKernel<float, float, true><<<grid, kThreads, 0, s>>>(scratch, splits, count, dst, bias, k,
-                                                                    static_cast<int>(act));
-  return cudaGetLastError();
-}
-
-cudaError_t DirectFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
-                      cudaStream_t s) {
-  // c -> 1 3x3 stencils (plane_stencil.cu) are bandwidth problems this GEMM-shaped kernel runs 10x off.
-  bool launched = false;
-  if (const cudaError_t e = ReduceStencilFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
-    return e;
-  }
+cudaError_t Fwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias, void* y,
+                cudaStream_t s) {
   const Units un = GetUnits(p);
   const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
   const bool cl = p.layout[0] == kChannelsLast;
@@ -512,7 +457,7 @@ cudaError_t DirectFwd(const ConvParams& p, DT in, DT out, const void* x, const v
   return RunGemm(g, in, out, x, w, bias, y, s);
 }
 
-cudaError_t DirectDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx, cudaStream_t s) {
+cudaError_t Dgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx, cudaStream_t s) {
   const Units un = GetUnits(p);
   const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
   const bool cl = p.layout[0] == kChannelsLast;
@@ -559,8 +504,8 @@ cudaError_t DirectDgrad(const ConvParams& p, DT in, DT out, const void* dy, cons
   return RunGemm(g, in, out, dy, w, nullptr, dx, s);
 }
 
-int64_t DirectWgradSplits(const ConvParams& p, DT in) {
-  if (const int64_t co = COneWgradSplits(p, in); co > 0) return co;  // c -> 1 3x3 (plane_stencil.cu)
+// The filter gradient's split-K plan: enough tiles for two blocks per SM, at least 128 positions per split.
+int64_t WgradSplits(const ConvParams& p, DType in) {
   const WgradArgs g = MakeWgradArgs(p, WgradNarrow(p));
   if (g.base_tiles <= 0 || g.rtotal <= 0) return 1;
   const int64_t nchunks = CeilDiv(g.rtotal, kBK);
@@ -574,11 +519,8 @@ int64_t DirectWgradSplits(const ConvParams& p, DT in) {
   return splits < 2 ? 1 : splits;
 }
 
-cudaError_t DirectWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
-                        int64_t splits, cudaStream_t s) {
-  bool launched = false;
-  const cudaError_t co = COneWgrad(p, in, out, x, dy, dw, scratch, splits, s, &launched);
-  if (co != cudaSuccess || launched) return co;
+cudaError_t Wgrad(const ConvParams& p, DType in, DType out, const void* x, const void* dy, void* dw, void* scratch,
+                  int64_t splits, cudaStream_t s) {
   const bool narrow = WgradNarrow(p);
   WgradArgs g = MakeWgradArgs(p, narrow);
   if (g.welems <= 0) return cudaSuccess;
@@ -605,5 +547,31 @@ cudaError_t DirectWgrad(const ConvParams& p, DT in, DT out, const void* x, const
   return cudaSuccess;
 }
 
+}  // namespace
 }  // namespace cuda
+
+namespace variants::direct_gemm {
+
+std::string Applies(const Problem&) { return {}; }
+
+size_t Workspace(const Problem& pr) {
+  if (pr.op != Op::kWgrad) return 0;
+  const int64_t splits = cuda::WgradSplits(pr.p, pr.in);
+  return splits > 1 ? static_cast<size_t>(splits) * WElements(pr.p) * cuda::AccBytes(pr.in) : 0;
+}
+
+cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
+  switch (pr.op) {
+    case Op::kFwd: return cuda::Fwd(pr.p, pr.in, pr.out, b.a, b.b, b.bias, b.out, s);
+    case Op::kDgrad: return cuda::Dgrad(pr.p, pr.in, pr.out, b.a, b.b, b.out, s);
+    default: {
+      // The split plan needs its workspace; without it (a caller's short buffer) the gradient runs unsplit.
+      const size_t need = Workspace(pr);
+      const int64_t splits = need > 0 && b.ws != nullptr && b.ws_bytes >= need ? cuda::WgradSplits(pr.p, pr.in) : 1;
+      return cuda::Wgrad(pr.p, pr.in, pr.out, b.a, b.b, b.out, b.ws, splits, s);
+    }
+  }
+}
+
+}  // namespace variants::direct_gemm
 }  // namespace jaxconv

@@ -14,9 +14,9 @@
 #include <atomic>
 #include <type_traits>
 
-#include "algorithms.h"
-#include "cuda/common.cuh"
-#include "cuda/igemm.h"
+#include "dispatch/rules.h"
+#include "kernels/shared/common.cuh"
+#include "kernels/implicit_gemm/igemm.h"
 
 namespace jaxconv {
 namespace cuda {
@@ -25,10 +25,10 @@ namespace {
 constexpr size_t kAlign = 256;
 size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-size_t InBytes(DT in) { return in == DT::kF32 ? 4 : 2; }
+size_t InBytes(DType in) { return in == DType::kF32 ? 4 : 2; }
 
 // The problem the kernels see: input channels padded to the alignment (ImplicitGemmPaddedC).
-IgemmProblem ToProblem(const ConvParams& p, DT in) {
+IgemmProblem ToProblem(const ConvParams& p, DType in) {
   IgemmProblem pr;
   pr.n = p.n[0];
   pr.c = ImplicitGemmPaddedC(p, static_cast<int>(InBytes(in)));
@@ -52,20 +52,20 @@ struct Staging {
   size_t bytes() const { return filter + act; }
 };
 
-Staging StagingOf(const ConvParams& p, CudaOp op, DT in) {
+Staging StagingOf(const ConvParams& p, Op op, DType in) {
   const int64_t cp = ImplicitGemmPaddedC(p, static_cast<int>(InBytes(in)));
   const size_t wp = static_cast<size_t>(p.k[0] * SpatialCount(p.win) * cp);
   Staging st;
-  st.filter = AlignUp(wp * (op == CudaOp::kWgrad ? 4 : InBytes(in)));
+  st.filter = AlignUp(wp * (op == Op::kWgrad ? 4 : InBytes(in)));
   if (cp != p.c[0]) st.act = AlignUp(static_cast<size_t>(p.n[0] * SpatialCount(p.in) * cp) * InBytes(in));
   return st;
 }
 
-bool AnyKernel(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_t algo) {
+bool AnyKernel(const IgemmProblem& pr, Op op, IgemmMath math, int64_t algo) {
   return (algo == kAlgoImplicitGemm && IgemmSm90Supports(pr, op, math)) || IgemmSm80Supports(pr, op, math);
 }
 
-size_t KernelWorkspaceBytes(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_t algo) {
+size_t KernelWorkspaceBytes(const IgemmProblem& pr, Op op, IgemmMath math, int64_t algo) {
   size_t bytes = 0;
   if (algo == kAlgoImplicitGemm && IgemmSm90Supports(pr, op, math)) bytes = IgemmSm90WorkspaceBytes(pr, op, math);
   if (IgemmSm80Supports(pr, op, math)) bytes = std::max(bytes, IgemmSm80WorkspaceBytes(pr, op, math));
@@ -223,15 +223,15 @@ cudaError_t BatchedTranspose(const void* in, void* out, int64_t rows, int64_t co
 
 // (T, R, S, C, K) -> (K, T, R, S, Cp), same dtype: per tap a (C x K) -> (K x C) transpose into rows of Cp
 // (the padding channels, c..Cp-1, zeroed first).
-cudaError_t FilterToKtrsc(const ConvParams& p, DT in, int64_t cp, const void* w, void* dst, cudaStream_t s) {
+cudaError_t FilterToKtrsc(const ConvParams& p, DType in, int64_t cp, const void* w, void* dst, cudaStream_t s) {
   const int64_t taps = SpatialCount(p.win), c = p.c[0], k = p.k[0];
   if (cp != c) {
     if (cudaError_t e = cudaMemsetAsync(dst, 0, static_cast<size_t>(k * taps * cp) * InBytes(in), s); e != cudaSuccess) {
       return e;
     }
   }
-  if (in == DT::kF32) return BatchedTranspose<float, float>(w, dst, c, k, taps, c * k, k, cp, taps * cp, s);
-  if (in == DT::kBF16) {
+  if (in == DType::kF32) return BatchedTranspose<float, float>(w, dst, c, k, taps, c * k, k, cp, taps * cp, s);
+  if (in == DType::kBF16) {
     return BatchedTranspose<__nv_bfloat16, __nv_bfloat16>(w, dst, c, k, taps, c * k, k, cp, taps * cp, s);
   }
   return BatchedTranspose<__half, __half>(w, dst, c, k, taps, c * k, k, cp, taps * cp, s);
@@ -239,12 +239,12 @@ cudaError_t FilterToKtrsc(const ConvParams& p, DT in, int64_t cp, const void* w,
 
 // f32 (K, T, R, S, Cp) -> (T, R, S, C, K) in the result dtype: per tap a (K x C) -> (C x K) transpose (the
 // padding channels' gradients are dropped).
-cudaError_t GradFromKtrsc(const ConvParams& p, DT out, int64_t cp, const void* src, void* dw, cudaStream_t s) {
+cudaError_t GradFromKtrsc(const ConvParams& p, DType out, int64_t cp, const void* src, void* dw, cudaStream_t s) {
   const int64_t taps = SpatialCount(p.win), c = p.c[0], k = p.k[0];
   switch (out) {
-    case DT::kF32: return BatchedTranspose<float, float>(src, dw, k, c, taps, cp, taps * cp, c * k, k, s);
-    case DT::kBF16: return BatchedTranspose<float, __nv_bfloat16>(src, dw, k, c, taps, cp, taps * cp, c * k, k, s);
-    case DT::kF16: return BatchedTranspose<float, __half>(src, dw, k, c, taps, cp, taps * cp, c * k, k, s);
+    case DType::kF32: return BatchedTranspose<float, float>(src, dw, k, c, taps, cp, taps * cp, c * k, k, s);
+    case DType::kBF16: return BatchedTranspose<float, __nv_bfloat16>(src, dw, k, c, taps, cp, taps * cp, c * k, k, s);
+    case DType::kF16: return BatchedTranspose<float, __half>(src, dw, k, c, taps, cp, taps * cp, c * k, k, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -262,12 +262,12 @@ __global__ void CopyChannelsKernel(const T* __restrict__ in, T* __restrict__ out
   }
 }
 
-cudaError_t CopyChannels(DT in, const void* src, void* dst, int64_t rows, int64_t iw, int64_t ow, int64_t width,
+cudaError_t CopyChannels(DType in, const void* src, void* dst, int64_t rows, int64_t iw, int64_t ow, int64_t width,
                          cudaStream_t s) {
   const int64_t count = rows * ow;
   if (count == 0) return cudaSuccess;
   const unsigned grid = GridX(std::min<int64_t>(CeilDiv(count, 256), kPlanSms * 16));
-  if (in == DT::kF32) {
+  if (in == DType::kF32) {
     CopyChannelsKernel<<<grid, 256, 0, s>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), rows,
                                             iw, ow, width);
   } else {
@@ -277,11 +277,11 @@ cudaError_t CopyChannels(DT in, const void* src, void* dst, int64_t rows, int64_
   return cudaGetLastError();
 }
 
-cudaError_t DirectFallback(const ConvParams& p, CudaOp op, DT in, DT out, const void* a, const void* b,
+cudaError_t DirectFallback(const ConvParams& p, Op op, DType in, DType out, const void* a, const void* b,
                            const void* bias, void* out_buf, cudaStream_t s) {
   switch (op) {
-    case CudaOp::kFwd: return DirectFwd(p, in, out, a, b, bias, out_buf, s);
-    case CudaOp::kDgrad: return DirectDgrad(p, in, out, a, b, out_buf, s);
+    case Op::kFwd: return DirectFwd(p, in, out, a, b, bias, out_buf, s);
+    case Op::kDgrad: return DirectDgrad(p, in, out, a, b, out_buf, s);
     default: return DirectWgrad(p, in, out, a, b, out_buf, nullptr, 1, s);
   }
 }
@@ -292,17 +292,17 @@ cudaError_t DirectFallback(const ConvParams& p, CudaOp op, DT in, DT out, const 
 // their 128x64 tiles the Hopper kernels win k = 64 (fprop) and c = 64 (dgrad) (DEVICE_RUNS run 44: res2 3x3 b128
 // fwd 180 vs 230 µs, dgrad 169 vs 222) and every filter gradient. Below 64 channels (not re-measured with the
 // 128x64 tiles) the mma.sync kernels keep the problem.
-bool PreferSm90(const IgemmProblem& pr, CudaOp op) {
+bool PreferSm90(const IgemmProblem& pr, Op op) {
   switch (op) {
-    case CudaOp::kFwd: return pr.k >= 64 && pr.c * pr.win[0] * pr.win[1] * pr.win[2] >= 576;
-    case CudaOp::kDgrad: return pr.c >= 64;
+    case Op::kFwd: return pr.k >= 64 && pr.c * pr.win[0] * pr.win[1] * pr.win[2] >= 576;
+    case Op::kDgrad: return pr.c >= 64;
     default: return true;
   }
 }
 
 // Runs the GEMM on the first kernel set that takes it; cudaErrorNotSupported when none does (nothing was
 // enqueued then).
-cudaError_t RunKernels(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_t algo, const IgemmArgs& args,
+cudaError_t RunKernels(const IgemmProblem& pr, Op op, IgemmMath math, int64_t algo, const IgemmArgs& args,
                        cudaStream_t s) {
   const size_t kernel_ws = KernelWorkspaceBytes(pr, op, math, algo);
   if (args.workspace_bytes < kernel_ws) return cudaErrorNotSupported;
@@ -320,17 +320,17 @@ cudaError_t RunKernels(const IgemmProblem& pr, CudaOp op, IgemmMath math, int64_
 // filter, transposed to (K, C) first (wgmma reads TF32 K-major only). Its workspace does not depend on `out`
 // (wgrad: f32 partial sums either way), so the size is asked with out = in.
 // Layout: [TF32 fwd: w^T][the GEMM's own workspace].
-size_t Gemm1x1FilterBytes(const ConvParams& p, CudaOp op, DT in) {
-  return op == CudaOp::kFwd && in == DT::kF32 ? AlignUp(static_cast<size_t>(p.c[0] * p.k[0]) * 4) : 0;
+size_t Gemm1x1FilterBytes(const ConvParams& p, Op op, DType in) {
+  return op == Op::kFwd && in == DType::kF32 ? AlignUp(static_cast<size_t>(p.c[0] * p.k[0]) * 4) : 0;
 }
 
-size_t Gemm1x1WorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+size_t Gemm1x1WorkspaceBytes(const ConvParams& p, Op op, DType in, int64_t algo) {
   if (algo != kAlgoImplicitGemm || !Gemm1x1Sm90Supports(p, op, in, in)) return 0;
   return Gemm1x1FilterBytes(p, op, in) + Gemm1x1Sm90WorkspaceBytes(p, op, in, in);
 }
 
 // cudaErrorNotSupported: not taken (nothing enqueued), the caller runs the conv kernels.
-cudaError_t TryGemm1x1(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a, const void* b,
+cudaError_t TryGemm1x1(const ConvParams& p, Op op, DType in, DType out, int64_t algo, const void* a, const void* b,
                        const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s) {
   if (algo != kAlgoImplicitGemm || DeviceArch() != 90 || !Gemm1x1Sm90Supports(p, op, in, out)) {
     return cudaErrorNotSupported;
@@ -475,8 +475,8 @@ SwappedWgradLayout SwappedWgradLayoutOf(const ConvParams& p) {
 constexpr size_t kMaxSwappedStaging = size_t(2) << 30;
 
 // Pure host code (the workspace size depends on it): whether the TF32 filter gradient takes the swapped forward.
-bool SwappedWgradApplies(const ConvParams& p, DT in, int64_t algo) {
-  if (algo != kAlgoImplicitGemm || in != DT::kF32 || MathFor(p, in) != IgemmMath::kTF32) return false;
+bool SwappedWgradApplies(const ConvParams& p, DType in, int64_t algo) {
+  if (algo != kAlgoImplicitGemm || in != DType::kF32 || MathFor(p, in) != IgemmMath::kTF32) return false;
   if (p.n[0] % 4 != 0 || p.k[0] % 4 != 0) return false;  // 16-byte rows of x', dy' and dw
   if (p.n[0] > int64_t(65535) * 32) return false;          // BatchedTranspose's grid
   if (static_cast<size_t>(XElements(p) + YElements(p)) * 4 > kMaxSwappedStaging) return false;
@@ -485,9 +485,9 @@ bool SwappedWgradApplies(const ConvParams& p, DT in, int64_t algo) {
 
 // cudaErrorNotSupported: not taken, the caller runs the wgrad kernels (the transposes may have run by then: they
 // write the workspace only).
-cudaError_t TrySwappedTf32Wgrad(const ConvParams& p, DT in, DT out, int64_t algo, const void* x, const void* dy,
+cudaError_t TrySwappedTf32Wgrad(const ConvParams& p, DType in, DType out, int64_t algo, const void* x, const void* dy,
                                 void* dw, void* workspace, size_t workspace_bytes, cudaStream_t s) {
-  if (out != DT::kF32 || DeviceArch() != 90 || !SwappedWgradApplies(p, in, algo)) return cudaErrorNotSupported;
+  if (out != DType::kF32 || DeviceArch() != 90 || !SwappedWgradApplies(p, in, algo)) return cudaErrorNotSupported;
   const SwappedWgradLayout l = SwappedWgradLayoutOf(p);
   if (workspace == nullptr || workspace_bytes < l.bytes()) return cudaErrorNotSupported;
   char* xt = static_cast<char*>(workspace);
@@ -512,17 +512,17 @@ cudaError_t TrySwappedTf32Wgrad(const ConvParams& p, DT in, DT out, int64_t algo
 // Workspace of the staged conv-kernel path; 0: it runs on the direct kernels. The TF32 data gradient may run as
 // the flipped forward (TryFlippedTf32Dgrad) and the TF32 filter gradient as the swapped one (TrySwappedTf32Wgrad);
 // their workspaces count too.
-size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
-  if (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16) return 0;
+size_t ConvPathBytes(const ConvParams& p, Op op, DType in, int64_t algo) {
+  if (in != DType::kF32 && in != DType::kBF16 && in != DType::kF16) return 0;
   const IgemmProblem pr = ToProblem(p, in);
   const IgemmMath math = MathFor(p, in);
   if (!AnyKernel(pr, op, math, algo)) return 0;
   size_t kernel = KernelWorkspaceBytes(pr, op, math, algo);
-  if (op == CudaOp::kDgrad && math == IgemmMath::kTF32 && algo == kAlgoImplicitGemm) {
-    kernel = std::max(kernel, AlignUp(IgemmSm90WorkspaceBytes(FlippedDgradProblem(p), CudaOp::kFwd, math)));
+  if (op == Op::kDgrad && math == IgemmMath::kTF32 && algo == kAlgoImplicitGemm) {
+    kernel = std::max(kernel, AlignUp(IgemmSm90WorkspaceBytes(FlippedDgradProblem(p), Op::kFwd, math)));
   }
   size_t bytes = StagingOf(p, op, in).bytes() + kernel;
-  if (op == CudaOp::kWgrad && SwappedWgradApplies(p, in, algo)) {
+  if (op == Op::kWgrad && SwappedWgradApplies(p, in, algo)) {
     bytes = std::max(bytes, SwappedWgradLayoutOf(p).bytes());
   }
   return bytes;
@@ -530,9 +530,9 @@ size_t ConvPathBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
 
 // cudaErrorNotSupported: not taken, the caller runs the dgrad kernels (the flipped filter may have been written to
 // the workspace by then; the caller's staging overwrites it).
-cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DT in, DT out, int64_t algo, const void* dy, const void* w,
+cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DType in, DType out, int64_t algo, const void* dy, const void* w,
                                 void* dx, void* workspace, size_t workspace_bytes, cudaStream_t s) {
-  if (algo != kAlgoImplicitGemm || in != DT::kF32 || out != DT::kF32 || MathFor(p, in) != IgemmMath::kTF32 ||
+  if (algo != kAlgoImplicitGemm || in != DType::kF32 || out != DType::kF32 || MathFor(p, in) != IgemmMath::kTF32 ||
       DeviceArch() != 90 || p.c[0] % 4 != 0) {  // c % 4: the forward writes 16-byte dx rows
     return cudaErrorNotSupported;
   }
@@ -542,12 +542,12 @@ cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DT in, DT out, int64_t algo
     }
   }
   const IgemmProblem pr = FlippedDgradProblem(p);
-  if (!IgemmSm90Supports(pr, CudaOp::kFwd, IgemmMath::kTF32) || !PreferSm90(pr, CudaOp::kFwd)) {
+  if (!IgemmSm90Supports(pr, Op::kFwd, IgemmMath::kTF32) || !PreferSm90(pr, Op::kFwd)) {
     return cudaErrorNotSupported;
   }
   if (!Aligned16(w) || p.k[0] % 4 != 0) return cudaErrorNotSupported;  // PhaseFilterKernel's 16-byte rows
-  const size_t fbytes = StagingOf(p, CudaOp::kDgrad, in).filter;  // the staged filter's slot (c % 4 == 0: unpadded)
-  const size_t kernel_ws = IgemmSm90WorkspaceBytes(pr, CudaOp::kFwd, IgemmMath::kTF32);
+  const size_t fbytes = StagingOf(p, Op::kDgrad, in).filter;  // the staged filter's slot (c % 4 == 0: unpadded)
+  const size_t kernel_ws = IgemmSm90WorkspaceBytes(pr, Op::kFwd, IgemmMath::kTF32);
   if (workspace == nullptr || workspace_bytes < fbytes + kernel_ws) {
     return cudaErrorNotSupported;
   }
@@ -564,7 +564,7 @@ cudaError_t TryFlippedTf32Dgrad(const ConvParams& p, DT in, DT out, int64_t algo
   args.out_type = IgemmOut::kSame;
   args.workspace = static_cast<char*>(workspace) + fbytes;
   args.workspace_bytes = workspace_bytes - fbytes;
-  return IgemmSm90Run(pr, CudaOp::kFwd, IgemmMath::kTF32, args, s);
+  return IgemmSm90Run(pr, Op::kFwd, IgemmMath::kTF32, args, s);
 }
 
 // ---- strided data gradients (dilation 1) as Hopper forwards, one per phase ----
@@ -633,19 +633,19 @@ Phases PhasesOf(const ConvParams& p) {
 
 // Pure host code: the phases when the data gradient runs as them (PhasesOf's, which the Hopper scatter forward takes;
 // c >= 64 as PreferSm90's dgrad), else count 0.
-Phases PhasedDgradPlan(const ConvParams& p, DT in, int64_t algo) {
-  if (algo != kAlgoImplicitGemm || (in != DT::kF32 && in != DT::kBF16 && in != DT::kF16)) return Phases{};
+Phases PhasedDgradPlan(const ConvParams& p, DType in, int64_t algo) {
+  if (algo != kAlgoImplicitGemm || (in != DType::kF32 && in != DType::kBF16 && in != DType::kF16)) return Phases{};
   const IgemmMath math = MathFor(p, in);
   if (math == IgemmMath::k3xTF32) return Phases{};
-  const int64_t align = in == DT::kF32 ? 4 : 8;  // 16-byte rows of dy, the sub-filters and dx
-  if (p.c[0] % align != 0 || p.k[0] % align != 0 || !PreferSm90(ToProblem(p, in), CudaOp::kDgrad)) return Phases{};
+  const int64_t align = in == DType::kF32 ? 4 : 8;  // 16-byte rows of dy, the sub-filters and dx
+  if (p.c[0] % align != 0 || p.k[0] % align != 0 || !PreferSm90(ToProblem(p, in), Op::kDgrad)) return Phases{};
   const Phases ph = PhasesOf(p);
   return ph.count > 0 && IgemmSm90ScatterFwdSupports(ph.pr, ph.count, math) ? ph : Phases{};
 }
 
 // cudaErrorNotSupported: not taken, the caller runs the dgrad kernels (the sub-filters may have been written to the
 // workspace by then; the caller's staging overwrites them).
-cudaError_t TryPhasedDgrad(const ConvParams& p, DT in, DT out, int64_t algo, const void* dy, const void* w, void* dx,
+cudaError_t TryPhasedDgrad(const ConvParams& p, DType in, DType out, int64_t algo, const void* dy, const void* w, void* dx,
                            void* workspace, size_t workspace_bytes, cudaStream_t s) {
   if (out != in || DeviceArch() != 90) return cudaErrorNotSupported;
   const Phases ph = PhasedDgradPlan(p, in, algo);
@@ -686,63 +686,13 @@ cudaError_t TryPhasedDgrad(const ConvParams& p, DT in, DT out, int64_t algo, con
 
 }  // namespace
 
-namespace {
-// query(dev) of the current device, cached per device (a handler must not synchronise; attribute queries do not);
-// 0 when the query fails or returns <= 0 (the error is cleared so the caller's launch check does not see it).
-template <class Query>
-int CachedPerDevice(std::atomic<int> (&cache)[64], Query query) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
-  if (dev < 64) {
-    if (const int v = cache[dev].load(std::memory_order_relaxed); v != 0) return v;
-  }
-  const int v = query(dev);
-  if (v <= 0) {
-    cudaGetLastError();
-    return 0;
-  }
-  if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
-  return v;
-}
-}  // namespace
-
-int DeviceArch() {
-  static std::atomic<int> cache[64];
-  return CachedPerDevice(cache, [](int dev) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-      return 0;
-    }
-    return major * 10 + minor;
-  });
-}
-
-int64_t MultiprocessorCount() {
-  static std::atomic<int> cache[64];
-  const int sms = CachedPerDevice(cache, [](int dev) {
-    int v = 0;
-    return cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? v : 0;
-  });
-  return sms > 0 ? sms : kPlanSms;
-}
-
-size_t SharedMemPerBlockOptin() {
-  static std::atomic<int> cache[64];
-  const int bytes = CachedPerDevice(cache, [](int dev) {
-    int v = 0;
-    return cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess ? v : 0;
-  });
-  return bytes > 0 ? static_cast<size_t>(bytes) : size_t(48) << 10;
-}
-
-size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, CudaOp op, DT in, int64_t algo) {
+size_t ImplicitGemmWorkspaceBytes(const ConvParams& p, Op op, DType in, int64_t algo) {
   if (Im2colGemmApplies(p, in)) return Im2colGemmWorkspaceBytes(p, op, in, algo);
   // Both paths: the arch (Hopper: the 1x1 GEMMs) is known at run time only.
   return std::max(ConvPathBytes(p, op, in, algo), Gemm1x1WorkspaceBytes(p, op, in, algo));
 }
 
-cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64_t algo, const void* a,
+cudaError_t ImplicitGemmRun(const ConvParams& p, Op op, DType in, DType out, int64_t algo, const void* a,
                             const void* b, const void* bias, void* out_buf, void* workspace,
                             size_t workspace_bytes, cudaStream_t s) {
   if (Im2colGemmApplies(p, in)) {
@@ -755,11 +705,11 @@ cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64
   }
   const size_t need = ConvPathBytes(p, op, in, algo);
   const bool fits = workspace != nullptr && workspace_bytes >= need && need > 0;
-  const bool same_out = op == CudaOp::kWgrad || out == in;
+  const bool same_out = op == Op::kWgrad || out == in;
   if (!fits || !same_out || XElements(p) == 0 || YElements(p) == 0 || WElements(p) == 0) {
     return DirectFallback(p, op, in, out, a, b, bias, out_buf, s);
   }
-  if (op == CudaOp::kDgrad) {
+  if (op == Op::kDgrad) {
     if (const cudaError_t e = TryFlippedTf32Dgrad(p, in, out, algo, a, b, out_buf, workspace, workspace_bytes, s);
         e != cudaErrorNotSupported) {
       return e;
@@ -769,7 +719,7 @@ cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64
       return e;
     }
   }
-  if (op == CudaOp::kWgrad) {
+  if (op == Op::kWgrad) {
     if (const cudaError_t e = TrySwappedTf32Wgrad(p, in, out, algo, a, b, out_buf, workspace, workspace_bytes, s);
         e != cudaErrorNotSupported) {
       return e;
@@ -788,11 +738,11 @@ cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64
   args.out_type = IgemmOut::kSame;
   cudaError_t e = cudaSuccess;
   args.a = a;
-  if (op != CudaOp::kDgrad && padded) {  // x is fwd's and wgrad's first operand
+  if (op != Op::kDgrad && padded) {  // x is fwd's and wgrad's first operand
     if ((e = CopyChannels(in, a, act, pixels, p.c[0], pr.c, p.c[0], s)) != cudaSuccess) return e;
     args.a = act;
   }
-  if (op == CudaOp::kWgrad) {
+  if (op == Op::kWgrad) {
     args.b = b;
     args.out = filter;
     e = RunKernels(pr, op, math, algo, args, s);
@@ -802,14 +752,14 @@ cudaError_t ImplicitGemmRun(const ConvParams& p, CudaOp op, DT in, DT out, int64
   }
   if ((e = FilterToKtrsc(p, in, pr.c, b, filter, s)) != cudaSuccess) return e;
   args.b = filter;
-  args.out = op == CudaOp::kDgrad && padded ? static_cast<void*>(act) : out_buf;
-  if (op == CudaOp::kFwd) {  // both kernel sets fuse y = act(acc + bias) into the fprop epilogue
+  args.out = op == Op::kDgrad && padded ? static_cast<void*>(act) : out_buf;
+  if (op == Op::kFwd) {  // both kernel sets fuse y = act(acc + bias) into the fprop epilogue
     args.bias = bias;
     args.act = p.activation[0];
   }
   e = RunKernels(pr, op, math, algo, args, s);
   if (e == cudaErrorNotSupported) return DirectFallback(p, op, in, out, a, b, bias, out_buf, s);
-  if (e != cudaSuccess || !(op == CudaOp::kDgrad && padded)) return e;
+  if (e != cudaSuccess || !(op == Op::kDgrad && padded)) return e;
   return CopyChannels(in, act, out_buf, pixels, pr.c, p.c[0], p.c[0], s);  // drop dx's padding channels
 }
 

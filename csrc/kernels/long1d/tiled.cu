@@ -1,6 +1,6 @@
-// One spatial dim, long window, few channels (e.g. 1,000,000 inputs x 2047 taps, C = K = 1).
-// Predicate (Long1DApplies): groups == batch_groups == 1, stride == lhs_dil == rhs_dil == 1, only the last
-// spatial dim non-trivial, 1 <= c <= 8, 1 <= k <= 8.
+// long1d.tiled: one spatial dim, long window, few channels (e.g. 1,000,000 inputs x 2047 taps, C = K = 1).
+// Predicate (Long1DApplies, dispatch/rules.h): groups == batch_groups == 1, stride == lhs_dil == rhs_dil == 1, only
+// the last spatial dim non-trivial, 1 <= c <= 8, 1 <= k <= 8.
 // All three ops are the correlation  out[t] = sum_seg sum_r src_seg[t + r + beta] * v_seg[r]:
 //   fwd:   t = o, segments c,      src = x[n, c, .],  v = w[k, c, r],        beta = -pad_lo
 //   dgrad: t = i, segments kk,     src = dy[n, kk, .], v = w[kk, c, W-1-r],  beta = pad_lo - (W - 1)
@@ -11,11 +11,11 @@
 // stages the source window (2048 + 1152 values; 4 pad words after every 16, so a lane's 16-byte loads at a stride
 // of 20 words hit distinct banks) and the chunk of v in shared memory. Each thread slides a 24-value circular
 // register window over the source: per 8 taps it loads 8 new source values and 8 of v (four 16-byte shared
-// loads, v's as broadcasts) for 128 FMAs, so the FMA pipe, not shared memory, is the limit.
-// Measured on the H100 (ncu, 1M x 2047 f32, 2026-11-22): 107 µs. Two variants were slower: 48-tap periods with
-// constant shared offsets and SM-balanced 3-warp blocks (118 µs: fewer instructions, more issue stalls), and
-// 8 outputs per thread for more resident warps (126 µs).
-#include "cuda/common.cuh"
+// loads, v's as broadcasts) for 128 FMAs, so the FMA pipe, not shared memory, is the limit. (48-tap periods with
+// constant shared offsets, SM-balanced 3-warp blocks, and 8 outputs per thread for more resident warps were slower.)
+#include "dispatch/rules.h"
+#include "dispatch/variant.h"
+#include "kernels/shared/common.cuh"
 
 namespace jaxconv {
 namespace cuda {
@@ -203,43 +203,42 @@ cudaError_t LaunchLong(const LongArgs& g, const void* a, const void* b, const vo
   return cudaGetLastError();
 }
 
-cudaError_t RunLong(const LongArgs& g, DT in, DT out, const void* a, const void* b, const void* bias, void* o,
+cudaError_t RunLong(const LongArgs& g, DType in, DType out, const void* a, const void* b, const void* bias, void* o,
                     void* scratch, cudaStream_t s) {
 #define JAXCONV_BODY(T, TO) return LaunchLong<T, TO>(g, a, b, bias, o, scratch, s)
   JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
 #undef JAXCONV_BODY
 }
 
-}  // namespace
-
-cudaError_t Long1DFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias, void* y,
-                      cudaStream_t s) {
+cudaError_t Fwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias, void* y,
+                cudaStream_t s) {
   LongArgs g = MakeLongArgs(p, kModeFwd);
   g.blocks = g.n * g.k * g.ttiles;
   return RunLong(g, in, out, x, w, bias, y, nullptr, s);
 }
 
-cudaError_t Long1DDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx, cudaStream_t s) {
+cudaError_t Dgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx, cudaStream_t s) {
   LongArgs g = MakeLongArgs(p, kModeDgrad);
   g.blocks = g.n * g.c * g.ttiles;
   return RunLong(g, in, out, dy, w, nullptr, dx, nullptr, s);
 }
 
-int64_t Long1DWgradSplits(const ConvParams& p, DT in) {
+// The filter gradient's split plan: about four blocks per SM, at least 4096 reduction values per split.
+int64_t WgradSplits(const ConvParams& p, DType in) {
   const LongArgs g = MakeLongArgs(p, kModeWgrad);
   const int64_t base = g.k * g.c * g.ttiles;
   const int64_t R = g.n * g.out;
   if (base <= 0 || R <= 0) return 1;
   int64_t splits = CeilDiv(4 * kPlanSms, base);
-  splits = std::min<int64_t>(splits, R / 4096);  // >= 4096 reduction values per split
+  splits = std::min<int64_t>(splits, R / 4096);
   splits = std::min<int64_t>(splits, 4096);
   const int64_t per = g.welems * static_cast<int64_t>(AccBytes(in));
   if (per > 0) splits = std::min<int64_t>(splits, (int64_t(1) << 29) / per);
   return splits < 2 ? 1 : splits;
 }
 
-cudaError_t Long1DWgrad(const ConvParams& p, DT in, DT out, const void* x, const void* dy, void* dw, void* scratch,
-                        int64_t splits, cudaStream_t s) {
+cudaError_t Wgrad(const ConvParams& p, DType in, DType out, const void* x, const void* dy, void* dw, void* scratch,
+                  int64_t splits, cudaStream_t s) {
   LongArgs g = MakeLongArgs(p, kModeWgrad);
   if (g.welems <= 0) return cudaSuccess;
   g.splits = splits < 1 ? 1 : splits;
@@ -250,5 +249,33 @@ cudaError_t Long1DWgrad(const ConvParams& p, DT in, DT out, const void* x, const
   return cudaSuccess;
 }
 
+}  // namespace
 }  // namespace cuda
+
+namespace variants::long1d_tiled {
+
+std::string Applies(const Problem& pr) {
+  return Long1DApplies(pr.p) ? std::string()
+                             : "it takes one spatial dim, unit stride and dilations, no groups and c, k <= 8";
+}
+
+size_t Workspace(const Problem& pr) {
+  if (pr.op != Op::kWgrad) return 0;
+  const int64_t splits = cuda::WgradSplits(pr.p, pr.in);
+  return splits > 1 ? static_cast<size_t>(splits) * WElements(pr.p) * cuda::AccBytes(pr.in) : 0;
+}
+
+cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
+  switch (pr.op) {
+    case Op::kFwd: return cuda::Fwd(pr.p, pr.in, pr.out, b.a, b.b, b.bias, b.out, s);
+    case Op::kDgrad: return cuda::Dgrad(pr.p, pr.in, pr.out, b.a, b.b, b.out, s);
+    default: {
+      const size_t need = Workspace(pr);
+      const int64_t splits = need > 0 && b.ws != nullptr && b.ws_bytes >= need ? cuda::WgradSplits(pr.p, pr.in) : 1;
+      return cuda::Wgrad(pr.p, pr.in, pr.out, b.a, b.b, b.out, b.ws, splits, s);
+    }
+  }
+}
+
+}  // namespace variants::long1d_tiled
 }  // namespace jaxconv

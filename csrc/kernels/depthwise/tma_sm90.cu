@@ -30,9 +30,9 @@
 #include <climits>
 #include <cstdint>
 
-#include "cuda/common.cuh"
-#include "cuda/depthwise_plane.h"
-#include "cuda/kernels.h"
+#include "kernels/shared/common.cuh"
+#include "kernels/depthwise/plane.h"
+#include "kernels/shared/kernels.h"
 
 #if defined(JAXCONV_IGEMM_SM90) && JAXCONV_IGEMM_SM90
 #define JAXCONV_DW_TMA 1
@@ -290,12 +290,12 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
 
 // The problem as the kernel sees it (depthwise_plane.h): 3x3, the same stride 1 or 2 on both axes (the data gradient:
 // unit stride, as the flipped forward), c * sizeof(T) a multiple of 16 bytes (the box's rows).
-bool MakeTmaProblem(const ConvParams& p, CudaOp op, DT in, DwPlane* tp) {
+bool MakeTmaProblem(const ConvParams& p, Op op, DType in, DwPlane* tp) {
   DwPlane t;
-  if (op == CudaOp::kWgrad || !DwPlaneOf(p, op, &t)) return false;
-  const int64_t esize = in == DT::kF32 ? 4 : 2;
+  if (op == Op::kWgrad || !DwPlaneOf(p, op, &t)) return false;
+  const int64_t esize = in == DType::kF32 ? 4 : 2;
   if ((t.c * esize) % 16 != 0 || t.kh != kK || t.kw != kK || t.sh != t.sw || (t.sh != 1 && t.sh != 2)) return false;
-  if (op == CudaOp::kDgrad && !t.flip) return false;
+  if (op == Op::kDgrad && !t.flip) return false;
   // 32-bit offsets within a destination image; the tensor map's coordinates are 32-bit too.
   // Tile indices (at most the destination pixels) in 32 bits with room for the persistent grid's steps.
   if (t.dst_rows * t.dst_cols * t.c > INT32_MAX || t.src_rows * t.src_cols * t.c > INT32_MAX ||
@@ -380,11 +380,11 @@ TmaPlan MakePlan(const DwPlane& t, size_t esize, int cb) {
 // as zero. For the packed remainder tiles (rem > 0) the dimensions are ordered (c, images, cols, rows) and the box is
 // (rem, pack, box_cols, box_rows): in shared memory each pixel's pack runs of rem channels, one per image, sit where a
 // whole tile's kCb channels would, so the consumer reads the box as it reads any other. Images past n read as zero.
-cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, int rem, DT in, const void* src,
+cudaError_t EncodeSource(const DwPlane& t, const DwTmaArgs& a, int cb, int rem, DType in, const void* src,
                          CUtensorMap* map) {
-  const size_t esize = in == DT::kF32 ? 4 : 2;
-  const CUtensorMapDataType dtype = in == DT::kF32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                    : in == DT::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+  const size_t esize = in == DType::kF32 ? 4 : 2;
+  const CUtensorMapDataType dtype = in == DType::kF32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                    : in == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   // One entry per tensor dimension: its extent, its stride in bytes and the box's extent along it.
   struct Dim {
@@ -432,7 +432,7 @@ void ShareBlocks(int64_t resident, int64_t ctiles, DwTmaArgs* a) {
 }
 
 template <class T, class TO>
-cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* src, const void* w,
+cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DType in, const void* src, const void* w,
                    const void* bias, void* dst, cudaStream_t s) {
   // 48-channel tiles where 48 divides c and 32 does not, at stride 2 or as the only tile. H200, run 245 (bf16 /
   // float32 HIGHEST fwd us, 48 against 32): 56^2 b32 144 channels at stride 2 10.8 / 22.6 against 13.3 / 24.1, 48
@@ -501,7 +501,7 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DT in, const void* 
   return t.sh == 1 ? go(DwTmaKernel<T, TO, 1, kCb>) : go(DwTmaKernel<T, TO, 2, kCb>);
 }
 
-cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, const void* w, const void* bias,
+cudaError_t Run(const ConvParams& p, Op op, DType in, DType out, const void* src, const void* w, const void* bias,
                 void* dst, cudaStream_t s, bool* launched) {
   *launched = false;
   DwPlane t;
@@ -510,7 +510,7 @@ cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, 
     return cudaSuccess;
   }
   *launched = true;
-  const int act = op == CudaOp::kFwd ? static_cast<int>(p.activation[0]) : kActNone;
+  const int act = op == Op::kFwd ? static_cast<int>(p.activation[0]) : kActNone;
   return WithF32AccTypes(in, out, [&](auto ti, auto to) {
     using T = decltype(ti);
     using TO = decltype(to);
@@ -521,20 +521,20 @@ cudaError_t Run(const ConvParams& p, CudaOp op, DT in, DT out, const void* src, 
 }  // namespace
 #endif  // JAXCONV_DW_TMA
 
-cudaError_t DepthwiseTmaFwd(const ConvParams& p, DT in, DT out, const void* x, const void* w, const void* bias,
+cudaError_t DepthwiseTmaFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias,
                             void* y, cudaStream_t s, bool* launched) {
 #if JAXCONV_DW_TMA
-  return Run(p, CudaOp::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
+  return Run(p, Op::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
 #else
   *launched = false;
   return cudaSuccess;
 #endif
 }
 
-cudaError_t DepthwiseTmaDgrad(const ConvParams& p, DT in, DT out, const void* dy, const void* w, void* dx,
+cudaError_t DepthwiseTmaDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
                               cudaStream_t s, bool* launched) {
 #if JAXCONV_DW_TMA
-  return Run(p, CudaOp::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
+  return Run(p, Op::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
 #else
   *launched = false;
   return cudaSuccess;

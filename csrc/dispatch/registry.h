@@ -1,0 +1,47 @@
+// The variant registry (variants.def) as the rest of the code sees it: the ordered table, the requests that
+// `algorithm=` encodes, and the one function that picks a variant.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+#include "dispatch/variant.h"
+
+namespace jaxconv {
+
+// A request (ConvParams.algorithm): 0 auto; 1..NumFamilies() a family selector (its code is its position in
+// FamilyName, 1-based); kVariantRequestBase + i forces variant i.
+inline constexpr int64_t kRequestAuto = 0;
+inline constexpr int64_t kVariantRequestBase = int64_t(1) << 16;
+
+int NumVariants();
+const Variant& VariantAt(int i);
+// The index of the variant called `name`, or -1.
+int FindVariant(const std::string& name);
+int NumFamilies();
+const char* FamilyName(int code);  // code in 1..NumFamilies()
+// The request for "auto", a family name or a variant name; -1 for an unknown name.
+int64_t RequestOf(const std::string& name);
+// Its name: "auto", the family's or the variant's; "" for a code that names nothing.
+std::string RequestName(int64_t request);
+// Whether the request selects variant i (auto selects every variant).
+bool Selects(int64_t request, int i);
+// Whether the build has the kernels (and so the predicates); builds without CUDA keep only the metadata.
+bool HasKernels();
+
+// Why variant i cannot run the problem: the op or dtype it does not implement, or its predicate's reason; "" when
+// it can.
+std::string VariantError(int i, const Problem& pr);
+
+// The variant that runs the problem for `request`: the first selected variant (in table order) that applies, that
+// auto does not pass over (its cost rule; auto only), and whose workspace is at most max_ws bytes. -1 when none,
+// with *why saying why each selected variant was passed over.
+int Resolve(const Problem& pr, int64_t request, std::string* why, size_t max_ws = SIZE_MAX);
+
+// The selected variants that apply, in table order, ignoring cost rules: autotune's candidates.
+std::vector<int> Candidates(const Problem& pr, int64_t request);
+
+}  // namespace jaxconv
