@@ -239,6 +239,23 @@ cudaError_t ResidentBlocks(Kernel kernel, int threads, size_t smem, int64_t shar
   return cudaSuccess;
 }
 
+// For predicates that depend on residency (plans that only pay off in one wave): the blocks of `kernel` resident on
+// the whole of `dev` at once, shared among `share` grid columns; the current device's occupancy where there is one
+// (the lowering's and the handler's), one block per SM where the runtime has no device to ask. 0 when not even one
+// block fits. Raises the kernel's dynamic shared memory limit first, as its launch will.
+template <class Kernel>
+int64_t ResidentBlocksOn(const Device& dev, Kernel kernel, int threads, size_t smem, int64_t share) {
+  int per_sm = 1;
+  if (AllowDynamicSmem(kernel, smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+    cudaGetLastError();  // no device (or no such kernel image): leave no sticky error, assume one block per SM
+    per_sm = 1;
+  }
+  if (per_sm < 1) return 0;
+  const int64_t r = per_sm * dev.sms / share;
+  return r < 1 ? 1 : r;
+}
+
 // Expands BODY(T, TO) for the six supported (input, output) dtype pairs; returns cudaErrorInvalidValue for
 // any other pair (the handlers validated the pair before, so this is only a guard).
 #define JAXCONV_DTYPE_SWITCH(in_dt, out_dt, BODY)                                              \
