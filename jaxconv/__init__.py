@@ -1,11 +1,11 @@
 """jaxconv: convolutions for JAX on the project's own CPU and CUDA kernels, as XLA FFI custom calls."""
 
-from jaxconv import _native, algorithms
-from jaxconv.algorithms import AutotuneResult, autotune, autotune_mode, set_autotune
-from jaxconv.api import (conv1d, conv2d, conv3d, conv_general_dilated, debug_poison,
-                         set_debug_poison)
+from jaxconv import _native, algorithms, primitives, registry
+from jaxconv.api import (conv1d, conv2d, conv3d, conv_general_dilated, debug_poison, set_debug_poison)
 from jaxconv.primitives import conv_dgrad_p, conv_fwd_p, conv_wgrad_p
 from jaxconv.spec import ConvSpec
+from jaxconv.tuning.cache import autotune_mode, set_autotune
+from jaxconv.tuning.tuner import AutotuneResult, autotune
 
 __version__ = "0.1.0"
 
@@ -29,5 +29,5 @@ def cuda_available() -> bool:
 __all__ = [
     "AutotuneResult", "ConvSpec", "algorithms", "autotune", "autotune_mode", "build_info", "conv1d", "conv2d",
     "conv3d", "conv_dgrad_p", "conv_fwd_p", "conv_general_dilated", "conv_wgrad_p", "cuda_available",
-    "debug_poison", "set_autotune", "set_debug_poison",
+    "debug_poison", "primitives", "registry", "set_autotune", "set_debug_poison",
 ]

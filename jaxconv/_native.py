@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import numpy as np
 
 try:
   from jaxconv import _jaxconv_native as _ext
@@ -25,6 +24,17 @@ def param_fields():
 
 
 @functools.cache
+def param_offset(field: str) -> int:
+  """Position of a field's first value in the packed params."""
+  pos = 0
+  for name, count in param_fields():
+    if name == field:
+      return pos
+    pos += count
+  raise KeyError(field)
+
+
+@functools.cache
 def build_info() -> dict:
   """What the extension was built with (CUDA or not, CUDA architectures, runtime version)."""
   return dict(_ext.build_info())
@@ -34,21 +44,9 @@ def built_with_cuda() -> bool:
   return bool(build_info()["cuda"])
 
 
-def algorithm_error(params, dtype, out_dtype=None) -> str:
-  """Why the forced algorithm in these packed params cannot run the problem ('' when it can).
-
-  Args:
-    params: the packed int64 params (ConvSpec.ffi_params).
-    dtype: the operands' dtype; out_dtype: the result's (default: dtype).
-  """
-  out_dtype = dtype if out_dtype is None else out_dtype
-  return str(_ext.algorithm_error([int(v) for v in params], str(np.dtype(dtype)), str(np.dtype(out_dtype))))
-
-
-def workspace_bytes(op: str, params, dtype, out_dtype=None) -> int:
-  """Device workspace (bytes) the CUDA kernels need for `op` on these packed params, operand and result dtypes."""
-  out_dtype = dtype if out_dtype is None else out_dtype
-  return int(_ext.workspace_bytes(op, [int(v) for v in params], str(np.dtype(dtype)), str(np.dtype(out_dtype))))
+def ext():
+  """The compiled extension module (registry, params layout, timers)."""
+  return _ext
 
 
 def _register():

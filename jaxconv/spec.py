@@ -23,8 +23,6 @@ LAYOUTS = (CHANNELS_LAST, CHANNELS_FIRST)
 
 PRECISIONS = ("default", "high", "highest")
 ACTIVATIONS = (None, "relu", "gelu", "silu")
-# Algorithm names map onto the native Algorithm enum (csrc/conv_params.h).
-ALGORITHMS = ("auto", "direct", "depthwise", "long1d", "small", "implicit_gemm", "implicit_gemm_sm80")
 
 _LAYOUT_CODE = {CHANNELS_LAST: 0, CHANNELS_FIRST: 1}
 _ACT_CODE = {None: 0, "relu": 1, "gelu": 2, "silu": 3}
@@ -55,7 +53,7 @@ class ConvSpec:
   precision: str = "default"
   activation: Optional[str] = None
   has_bias: bool = False
-  algorithm: str = "auto"
+  algorithm: str = "auto"  # the request: "auto", a family or a variant name (jaxconv/registry.py)
   poison: bool = False
 
   def __post_init__(self):
@@ -65,7 +63,6 @@ class ConvSpec:
     for name in ("window", "strides", "padding", "lhs_dilation", "rhs_dilation"):
       assert len(getattr(self, name)) == n, (name, getattr(self, name))
     assert self.precision in PRECISIONS and self.activation in ACTIVATIONS
-    assert self.algorithm in ALGORITHMS
     assert not (self.feature_groups > 1 and self.batch_groups > 1)
 
   # ---- derived geometry -------------------------------------------------------------------------------
@@ -119,9 +116,10 @@ class ConvSpec:
     return tuple(shape[:-2]) if self.channels_last else tuple(shape[2:])
 
   # ---- native attribute block --------------------------------------------------------------------------
-  def ffi_params(self, n: int, c: int, k: int) -> np.ndarray:
-    """The packed int64 `params` attribute for batch n, lhs features c and output features k."""
-    from jaxconv import _native  # the field order lives in the extension
+  def ffi_params(self, n: int, c: int, k: int, variant: int = -1) -> np.ndarray:
+    """The packed int64 `params` attribute for batch n, lhs features c and output features k, with the variant the
+    lowering chose for the request (-1: none, the handler chooses)."""
+    from jaxconv import _native, registry  # the field order and the request codes live in the extension
     pad = 3 - self.nspatial
 
     def sp(values, fill):
@@ -140,7 +138,8 @@ class ConvSpec:
         "precision": [PRECISIONS.index(self.precision)],
         "activation": [_ACT_CODE[self.activation]],
         "has_bias": [int(self.has_bias)],
-        "algorithm": [ALGORITHMS.index(self.algorithm)],
+        "algorithm": [registry.request_code(self.algorithm)],
+        "variant": [int(variant)],
         "poison": [int(self.poison)],
     }
     packed = []

@@ -5,6 +5,8 @@
 - `poison` (session, autouse): jaxconv.set_debug_poison(True), so every kernel output starts as NaN and any
   element a kernel forgets to write fails the comparison.
 - `gpu` marker: skipped cleanly unless jaxconv.cuda_available().
+- `kernels` marker: needs a build with the CUDA kernels (the registry's predicates run on the host, no GPU needed);
+  skipped cleanly in a CPU-only build.
 - JAXCONV_FUZZ_CASES: random configurations per dtype in the fuzz tests (default 60; GPU CI sets hundreds).
 - pytest-xdist workers (`-n auto`, the README's command) leave XLA_PYTHON_CLIENT_PREALLOCATE false unless set.
 """
@@ -29,6 +31,7 @@ def pytest_configure(config):
     # (read when the backend starts, after this).
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped cleanly without one)")
+  config.addinivalue_line("markers", "kernels: needs a CUDA build (the GPU predicates), not a GPU")
   config.addinivalue_line("markers", "slow: long-running")
 
 
@@ -40,11 +43,24 @@ def _cuda_available() -> bool:
     return False
 
 
+def _has_kernels() -> bool:
+  try:
+    import jaxconv
+    return bool(jaxconv.registry.has_kernels())
+  except Exception:  # noqa: BLE001
+    return False
+
+
 def pytest_collection_modifyitems(config, items):
   if any("gpu" in item.keywords for item in items) and not _cuda_available():
     skip = pytest.mark.skip(reason="needs CUDA: jaxconv.cuda_available() is False")
     for item in items:
       if "gpu" in item.keywords:
+        item.add_marker(skip)
+  if any("kernels" in item.keywords for item in items) and not _has_kernels():
+    skip = pytest.mark.skip(reason="needs a CUDA build: this one has no GPU kernels or predicates")
+    for item in items:
+      if "kernels" in item.keywords:
         item.add_marker(skip)
 
 

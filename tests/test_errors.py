@@ -221,6 +221,7 @@ def test_convnd_algorithm_unknown():
     jaxconv.conv2d(_x(), _x((3, 3, 4, 4)), algorithm="winograd")
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("algorithm, x_shape, w_shape, kw, missing", [
     ("long1d", (2, 6, 6, 4), (3, 3, 4, 4), {}, "one spatial dim"),             # 2-D problem
     ("long1d", (2, 40, 4), (9, 4, 4), dict(stride=2), "stride"),               # strided
@@ -232,8 +233,8 @@ def test_convnd_algorithm_unknown():
     ("implicit_gemm_sm80", (2, 4, 6, 6), (8, 4, 3, 3), dict(data_format="channels_first"), "channels-last"),
 ])
 def test_forced_algorithm_that_does_not_apply_fails_at_trace_time(algorithm, x_shape, w_shape, kw, missing):
-  """A forced algorithm is checked against its kernel family's own predicate (the CUDA dispatch's code) when
-  the function is traced, on every platform, naming the argument and the condition it misses."""
+  """A forced algorithm is checked against its variants' predicates (the registry's code) when the function is traced,
+  on every platform of a CUDA build, naming the argument and the condition it misses."""
   conv = {3: jaxconv.conv1d, 4: jaxconv.conv2d}[len(x_shape)]
   fn = jax.jit(lambda x, w: conv(x, w, algorithm=algorithm, **kw))
   with pytest.raises(ValueError, match=rf"algorithm='{algorithm}' cannot run this convolution.*{missing}"):

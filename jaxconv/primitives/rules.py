@@ -1,4 +1,4 @@
-"""The three convolution primitives and all of their rules, in one place.
+"""The three convolution primitives and their rules: shapes, binding, differentiation, batching.
 
     conv_fwd_p(x, w[, bias])  -> y     forward convolution (optionally act(conv + bias))
     conv_dgrad_p(dy, w)       -> dx    data gradient (transposed convolution)
@@ -29,9 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
-from jaxconv import _native, algorithms, sharding
 from jaxconv.spec import ConvSpec
 
 conv_fwd_p = Primitive("jaxconv_fwd")
@@ -178,7 +177,7 @@ def conv_wgrad(x, dy, spec: ConvSpec, out_dtype):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Evaluation outside jit, and lowering to the FFI custom calls.
+# Evaluation outside jit (the lowerings live in lowering.py).
 # ---------------------------------------------------------------------------------------------------------
 def _def_impl(prim):
   @functools.cache
@@ -188,7 +187,11 @@ def _def_impl(prim):
   prim.def_impl(lambda *args, spec, out_dtype: compiled(spec, out_dtype, len(args))(*args))
 
 
-def _nck(prim, spec: ConvSpec, avals):
+for _p in (conv_fwd_p, conv_dgrad_p, conv_wgrad_p):
+  _def_impl(_p)
+
+
+def nck(prim, spec: ConvSpec, avals):
   """(N, C, K) of the forward relation from an op's operand shapes."""
   nb_ax, f_ax = spec.act_axes()
   o_ax, i_ax = spec.filter_axes()
@@ -200,44 +203,8 @@ def _nck(prim, spec: ConvSpec, avals):
   return a[nb_ax], a[f_ax], b[f_ax]
 
 
-_OP_NAMES = {conv_fwd_p: "fwd", conv_dgrad_p: "dgrad", conv_wgrad_p: "wgrad"}
-
-
-def _make_lowering(prim, platform):
-  def lowering(ctx, *args, spec, out_dtype):
-    n, c, k = _nck(prim, spec, ctx.avals_in)
-    # The spec's params, with the cached per-op choice in place of "auto" when autotuning is on (algorithms.py).
-    params = algorithms.lowering_params(_OP_NAMES[prim], spec, (n, c, k), ctx.avals_in[0].dtype, out_dtype,
-                                        platform)
-    if prim is conv_fwd_p and not spec.has_bias:
-      # The fwd handler always takes a bias operand; an empty one means "no bias".
-      empty = np.zeros((0,), np.dtype(out_dtype))
-      args = (*args, mlir.ir_constant(empty))
-      ctx = ctx.replace(avals_in=(*ctx.avals_in, ShapedArray(empty.shape, empty.dtype)))
-    if platform == "cuda":
-      # The CUDA kernels' workspace (split-K partial sums, the tensor-core path's layout conversions) is a
-      # second, u8 result that XLA allocates (XLA's FFI scratch allocator gave no memory on jaxlib 0.11); its
-      # size depends on the problem alone.
-      nbytes = _native.workspace_bytes(_OP_NAMES[prim], params, ctx.avals_in[0].dtype, ctx.avals_out[0].dtype)
-      ws = ShapedArray((nbytes,), np.uint8)
-      out = jax.ffi.ffi_lowering(prim.name)(ctx.replace(avals_out=(*ctx.avals_out, ws)), *args, params=params)
-      return out[:1]
-    return jax.ffi.ffi_lowering(prim.name)(ctx, *args, params=params)
-
-  return lowering
-
-
-def _no_cuda_lowering(ctx, *args, **params):
-  raise NotImplementedError(
-      "jaxconv was compiled without CUDA (nvcc was not found at build time), so its convolutions cannot "
-      "run on the GPU; reinstall with nvcc on the PATH (JAXCONV_CUDA=ON) or run on the CPU")
-
-
-for _p in (conv_fwd_p, conv_dgrad_p, conv_wgrad_p):
-  _def_impl(_p)
-  # Partitioned lowerings (batch / output-channel sharding), shard_map varying axes: see sharding.py.
-  sharding.register(_p, {"cpu": _make_lowering(_p, "cpu"),
-                         "cuda": _make_lowering(_p, "cuda") if _native.built_with_cuda() else _no_cuda_lowering})
+OP_NAMES = {conv_fwd_p: "fwd", conv_dgrad_p: "dgrad", conv_wgrad_p: "wgrad"}
+PRIMITIVES = {name: prim for prim, name in OP_NAMES.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,5 @@
+import sys
+
+from jaxconv.algorithms import main
+
+sys.exit(main())

@@ -1,0 +1,80 @@
+"""Lowering the three primitives to their FFI custom calls, and the choice of the CUDA kernel variant.
+
+For CUDA the lowering resolves the spec's request ("auto", a family or a variant; with autotuning on, a cached
+variant in place of "auto") with the registry for the GPU it compiles for, and writes the chosen variant into the
+params; the variant's workspace becomes a second result of the custom call, which XLA allocates (XLA's FFI scratch
+allocator gave no memory on jaxlib 0.11's CUDA plugin). The handler confirms the choice on the device it runs on.
+The CPU handlers have one kernel set and ignore the request.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.core import ShapedArray
+from jax.interpreters import mlir
+
+from jaxconv import _native, registry
+from jaxconv.primitives import rules, sharding
+from jaxconv.spec import ConvSpec
+from jaxconv.tuning import cache
+
+
+def op_request(op: str, request: str) -> str:
+  """The request an op runs: a forced variant that has no kernel for this op (a forward-only variant, say, under
+  differentiation) hands the op to its family."""
+  for v in registry.variants():
+    if v.name == request:
+      return request if op in v.ops else v.family
+  return request
+
+
+def choose(op: str, spec: ConvSpec, nck, dtype, out_dtype, dev=None) -> registry.Choice:
+  """The variant a CUDA lowering of this op runs, and its workspace; ValueError when the request has none."""
+  request = op_request(op, spec.algorithm)
+  params = spec.replace(algorithm=request).ffi_params(*nck)
+  if request == registry.AUTO and cache.autotune_mode() != "off":
+    cached = cache.cached_choice(op, params, dtype, out_dtype)
+    if cached is not None:
+      choice = registry.resolve(op, spec.replace(algorithm=cached).ffi_params(*nck), dtype, out_dtype, dev)
+      if choice.ok:
+        return choice
+      cache.warn_stale(op, cached, choice.why)
+  choice = registry.resolve(op, params, dtype, out_dtype, dev)
+  if not choice.ok:
+    raise ValueError(f"jaxconv_{op}: {choice.why}")
+  return choice
+
+
+def _make_lowering(prim, platform):
+  op = rules.OP_NAMES[prim]
+
+  def lowering(ctx, *args, spec, out_dtype):
+    nck = rules.nck(prim, spec, ctx.avals_in)
+    if prim is rules.conv_fwd_p and not spec.has_bias:
+      # The fwd handler always takes a bias operand; an empty one means "no bias".
+      empty = np.zeros((0,), np.dtype(out_dtype))
+      args = (*args, mlir.ir_constant(empty))
+      ctx = ctx.replace(avals_in=(*ctx.avals_in, ShapedArray(empty.shape, empty.dtype)))
+    if platform != "cuda":
+      return jax.ffi.ffi_lowering(prim.name)(ctx, *args, params=spec.ffi_params(*nck))
+    choice = choose(op, spec, nck, ctx.avals_in[0].dtype, out_dtype)
+    # The request stays in the params (a forced one must not widen on another GPU); the variant is the choice.
+    params = spec.replace(algorithm=op_request(op, spec.algorithm)).ffi_params(*nck, variant=choice.index)
+    ws = ShapedArray((choice.workspace_bytes,), np.uint8)
+    out = jax.ffi.ffi_lowering(prim.name)(ctx.replace(avals_out=(*ctx.avals_out, ws)), *args, params=params)
+    return out[:1]
+
+  return lowering
+
+
+def _no_cuda_lowering(ctx, *args, **params):
+  raise NotImplementedError(
+      "jaxconv was compiled without CUDA (nvcc was not found at build time), so its convolutions cannot "
+      "run on the GPU; reinstall with nvcc on the PATH (JAXCONV_CUDA=ON) or run on the CPU")
+
+
+for _p in (rules.conv_fwd_p, rules.conv_dgrad_p, rules.conv_wgrad_p):
+  # Partitioned lowerings (batch / output-channel sharding), shard_map varying axes: see sharding.py.
+  sharding.register(_p, {"cpu": _make_lowering(_p, "cpu"),
+                         "cuda": _make_lowering(_p, "cuda") if _native.built_with_cuda() else _no_cuda_lowering})
