@@ -699,7 +699,7 @@ cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
   if (!cuda::Aligned16(b.a) || !cuda::Aligned16(b.out)) return cudaErrorMisalignedAddress;
   const bool fwd = pr.op == Op::kFwd;
   const int act = fwd ? static_cast<int>(pr.p.activation[0]) : kActNone;
-  const void* bias = fwd ? b.bias : nullptr;
+  const void* bias = fwd && pr.p.has_bias[0] ? b.bias : nullptr;
   return cuda::With16BitTypes(pr.in, pr.out, [&](auto ti, auto to) {
     return cuda::Launch<decltype(ti), decltype(to)>(t, pl, act, bias != nullptr, b.a, b.b, bias, b.out, s);
   });

@@ -530,7 +530,7 @@ cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
   cuda::DwPlane t;
   if (!cuda::TmaError(pr, &t).empty()) return cudaErrorNotSupported;
   const bool fwd = pr.op == Op::kFwd;
-  const void* bias = fwd ? b.bias : nullptr;
+  const void* bias = fwd && pr.p.has_bias[0] ? b.bias : nullptr;
   if (!cuda::Aligned16(b.a) || !cuda::Aligned16(b.b) || !cuda::Aligned16(b.out) ||
       (bias != nullptr && !cuda::Aligned16(bias))) {
     return cudaErrorMisalignedAddress;
