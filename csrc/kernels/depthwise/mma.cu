@@ -1,10 +1,10 @@
-// Depthwise 7x7 forward, unit-stride data gradient and (below, "the filter gradient") filter gradient on tensor
-// cores: channels-last 2-D (a 3-D problem whose D window is 1 folds D into the batch), bfloat16 / float16 in, float32
-// accumulation, stride 1, no dilation, c a multiple of 8. DepthwiseFwd / DepthwiseDgrad try it after the Hopper 3x3
-// kernel and before the register stencil (depthwise_reg.cu), DepthwiseWgrad first.
+// depthwise.mma: the depthwise 7x7 forward, unit-stride data gradient and (below, "the filter gradient") filter
+// gradient on tensor cores (mma.sync, sm_80+): channels-last 2-D (a 3-D problem whose D window is 1 folds D into the
+// batch), bfloat16 / float16 in, float32 accumulation, stride 1, no dilation, c a multiple of 8. The table tries it
+// after the Hopper 3x3 kernel (tma_sm90.cu) and before the register stencil (reg.cu); for the filter gradient first.
 //
-// Why: the register stencil spends an FFMA per output and tap; on ConvNeXt's 7x7 layer (56^2 x 96, b32, H200, run
-// 251) it took 48.7 us, 3.0x its FP32-FMA floor. A window row is a Toeplitz matrix product,
+// Why: the register stencil spends an FFMA per output and tap; on ConvNeXt's 7x7 layer (56^2 x 96, b32) it ran at
+// 3.0x its FP32-FMA floor. A window row is a Toeplitz matrix product,
 //   out[x0 + n] = sum_k src[x0 + k] T[k][n],  T[k][n] = w[k - n] (zero unless 0 <= k - n < K),
 // so one mma.sync m16n8k16 gives 16 "slots" x 8 destination columns from 16 source columns and one window row;
 // K / 16 of its products count. Slot (image m, row group i, column block j) of a tile is the destination rows K i + e
@@ -15,11 +15,10 @@
 // back through planes as channels-last 16-byte vectors.
 // Non-finite data: a zero of T times an inf or NaN in a neighbouring column is NaN where the window's sum need not
 // be, so a warp with a non-finite output recomputes its outputs with FMAs over the real taps.
-// H200, busy us, bf16 fwd, this kernel / the register stencil (run 275; float16 and the data gradients alike):
-// ConvNeXt-T's 7x7 layers at b32, 56^2 x 96 38.0 / 51.3 (lax 75.9), 28^2 x 192 19.4 / 36.2, 14^2 x 384 13.0 / 25.2,
-// 7^2 x 768 10.1 / 13.4; b1 56^2 x 96 7.3 / 10.8. The kernel is written for any K <= 9, but 5x5 lost to the register
-// stencil (28^2 x 240 26.0 / 21.8, 14^2 x 672 21.9 / 20.6, 56^2 x 96 38.4 / 32.7: a third of the MMA products count,
-// and the staging costs what it costs at 7x7), so only K = 7 is built.
+// Measured against the register stencil (bf16 fwd; float16 and the data gradients alike): 1.3-1.9x faster on
+// ConvNeXt-T's 7x7 layers at b32 (56^2 x 96 to 7^2 x 768) and 1.5x at b1, about twice lax on 56^2 x 96. The kernel is
+// written for any K <= 9, but 5x5 lost to the register stencil (a third of the MMA products count, and the staging
+// costs what it costs at 7x7), so only K = 7 is built.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -27,10 +26,13 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
-#include "kernels/shared/common.cuh"
+#include "dispatch/rules.h"
+#include "dispatch/variant.h"
 #include "kernels/depthwise/plane.h"
+#include "kernels/shared/common.cuh"
 #include "kernels/shared/kernels.h"
 #include "kernels/shared/mma.cuh"
 
@@ -321,7 +323,7 @@ __global__ void __launch_bounds__(kThreads) DwMmaKernel(const DwMmaArgs g, const
   StoreTile<TO>(g, outp, n0, c0, y0, x0, dst);
 }
 
-// The problem as the kernels see it (depthwise_plane.h): 7x7, unit strides, c a multiple of 8 (16-byte pixel
+// The problem as the kernels see it (plane.h): 7x7, unit strides, c a multiple of 8 (16-byte pixel
 // vectors); the data gradient as the flipped forward, the filter gradient in the forward's geometry.
 constexpr int kK = 7;
 
@@ -399,42 +401,36 @@ bool MakePlan(const DwPlane& t, int k, size_t out_size, int64_t ctiles, MmaPlan*
   return best >= 0.0;
 }
 
+// The forward / data-gradient plan of pr (its tile shape for the output dtype), or why the kernel does not take it.
+std::string FwdError(const Problem& pr, DwPlane* t, MmaPlan* pl) {
+  if (!DepthwiseApplies(pr.p)) return "it takes depthwise convolutions (groups == c == k, batch_groups == 1)";
+  if (pr.dev.arch < 80) return "it needs sm_80 or newer";
+  if (!IsF32AccPair(pr.in, pr.out) || !MakeMmaProblem(pr.p, pr.op, pr.in, t)) {
+    return "it takes 16-bit channels-last 2-D 7x7 windows at unit strides, no dilation, c a multiple of 8";
+  }
+  const int64_t ctiles = CeilDiv(t->c, kCt);
+  if (!MakePlan(*t, kK, static_cast<size_t>(DTypeBytes(pr.out)), ctiles, pl)) return "no tile fits its shared memory";
+  if (pl->blocks * ctiles > INT_MAX) return "more blocks than one grid holds";
+  return {};
+}
+
 template <class T, class TO>
-cudaError_t Launch(const DwPlane& t, int act, bool has_bias, const void* src, const void* w, const void* bias,
-                   void* dst, cudaStream_t s, bool* launched) {
-  MmaPlan pl;
-  const int64_t ctiles = CeilDiv(t.c, kCt);
-  if (!MakePlan(t, kK, sizeof(TO), ctiles, &pl)) return cudaSuccess;
+cudaError_t Launch(const DwPlane& t, MmaPlan pl, int act, bool has_bias, const void* src, const void* w,
+                   const void* bias, void* dst, cudaStream_t s) {
   DwMmaArgs& a = pl.a;
-  a.ctiles = static_cast<int>(ctiles);
+  a.ctiles = static_cast<int>(CeilDiv(t.c, kCt));
   const int64_t blocks = pl.blocks * a.ctiles;
-  if (blocks > INT_MAX) return cudaSuccess;
   a.n = t.n;
   a.c = static_cast<int>(t.c);
   a.src_rows = static_cast<int>(t.src_rows), a.src_cols = static_cast<int>(t.src_cols);
   a.dst_rows = static_cast<int>(t.dst_rows), a.dst_cols = static_cast<int>(t.dst_cols);
   a.ph = static_cast<int>(t.ph), a.pw = static_cast<int>(t.pw);
   a.flip = t.flip, a.act = act, a.has_bias = has_bias;
-  *launched = true;
   const auto kern = DwMmaKernel<T, TO, kK>;
   if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
   kern<<<static_cast<unsigned>(blocks), kThreads, pl.smem, s>>>(a, static_cast<const T*>(src), static_cast<const T*>(w),
                                                                 static_cast<const TO*>(bias), static_cast<TO*>(dst));
   return cudaGetLastError();
-}
-
-cudaError_t Run(const ConvParams& p, Op op, DType in, DType out, const void* src, const void* w, const void* bias,
-                void* dst, cudaStream_t s, bool* launched) {
-  *launched = false;
-  DwPlane t;
-  if (DeviceArch() < 80 || !IsF32AccPair(in, out) || !MakeMmaProblem(p, op, in, &t) || !Aligned16(src) ||
-      !Aligned16(dst)) {
-    return cudaSuccess;
-  }
-  const int act = op == Op::kFwd ? static_cast<int>(p.activation[0]) : kActNone;
-  return With16BitTypes(in, out, [&](auto ti, auto to) {
-    return Launch<decltype(ti), decltype(to)>(t, act, bias != nullptr, src, w, bias, dst, s, launched);
-  });
 }
 
 
@@ -455,13 +451,12 @@ cudaError_t Run(const ConvParams& p, Op op, DType in, DType out, const void* src
 // Non-finite data: the MMA multiplies source columns by cotangent columns past the image (zeros) and source pixels of
 // the padding (zeros) by cotangents, where inf * 0 is NaN. A warp whose tile sum of a channel is not finite
 // recomputes it with FMAs over the real pairs only, as the register stencil counts them.
-// H200, bf16, ConvNeXt-T's layers at b32, busy us with the split sum (run 279): 56^2 x 96 46.2 (register stencil
-// 212, lax 74), 28^2 x 192 25.8 (86; lax 34), 14^2 x 384 19.1 (45; lax 23), b1 56^2 x 96 10.3 (12.3; lax 20). At
-// 7^2 x 768 (7 of 16 columns count) it took 34 against the stencil's 26, so images narrower than 12 columns keep the
-// stencil. Tried and not kept (runs 280-283): lanes l and l + 16 loading the two halves of a pixel's sector; 16 warps
-// of one block per SM keeping the next tile's loads in flight while computing (more instructions per tile than MMA
-// work at 14^2, 24-29 us there; no gain at 56^2: ncu showed 0.42 instructions issued per cycle and scheduler, short-
-// and long-scoreboard and MIO stalls alike).
+// Measured (bf16, ConvNeXt-T's layers at b32, with the split sum): 2.4-4.6x faster than the register stencil and
+// 1.2-1.6x faster than lax from 56^2 x 96 to 14^2 x 384. At 7^2 x 768 (7 of 16 columns count) it was slower than
+// the stencil, so images narrower than 12 columns keep the stencil. Tried and not kept: lanes l and l + 16 loading
+// the two halves of a pixel's sector; 16 warps of one block per SM keeping the next tile's loads in flight while
+// computing (more instructions per tile than MMA work at 14^2, slower there; no gain at 56^2: ncu showed 0.42
+// instructions issued per cycle and scheduler, short- and long-scoreboard and MIO stalls alike).
 constexpr int kWgThreads = 256;
 constexpr int kWgWarps = kWgThreads / 32;
 constexpr int kWgChannels = kCt / kWgWarps;  // channels per warp
@@ -642,46 +637,73 @@ bool WgradPlanOf(const ConvParams& p, DType in, WgradPlan* pl) {
   return static_cast<int64_t>(a.ctiles) * a.splits <= INT_MAX;
 }
 
-}  // namespace
-
-cudaError_t DepthwiseMmaFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias,
-                            void* y, cudaStream_t s, bool* launched) {
-  return Run(p, Op::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
-}
-
-cudaError_t DepthwiseMmaDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
-                              cudaStream_t s, bool* launched) {
-  return Run(p, Op::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
-}
-
-int64_t DepthwiseMmaWgradSplits(const ConvParams& p, DType in) {
-  WgradPlan pl;
-  return WgradPlanOf(p, in, &pl) ? pl.a.splits : 0;
-}
-
-cudaError_t DepthwiseMmaWgrad(const ConvParams& p, DType in, DType out, const void* x, const void* dy, void* dw,
-                              void* scratch, int64_t splits, cudaStream_t s, bool* launched) {
-  *launched = false;
-  WgradPlan pl;
-  if (DeviceArch() < 80 || !IsF32AccPair(in, out) || !WgradPlanOf(p, in, &pl) || !Aligned16(x) || !Aligned16(dy) ||
-      (splits > 1 && scratch == nullptr)) {
-    return cudaSuccess;
+// The filter gradient's plan for pr, or why the kernel does not take it.
+std::string WgradError(const Problem& pr, WgradPlan* pl) {
+  if (!DepthwiseApplies(pr.p)) return "it takes depthwise convolutions (groups == c == k, batch_groups == 1)";
+  if (pr.dev.arch < 80) return "it needs sm_80 or newer";
+  if (!IsF32AccPair(pr.in, pr.out) || !WgradPlanOf(pr.p, pr.in, pl)) {
+    return "it takes 16-bit channels-last 2-D 7x7 windows at unit strides, no dilation, c a multiple of 8 and "
+           "outputs at least 12 columns wide";
   }
+  return {};
+}
+
+size_t WgradWorkspace(const Problem& pr) {
+  WgradPlan pl;
+  if (!WgradError(pr, &pl).empty() || pl.a.splits <= 1) return 0;
+  return static_cast<size_t>(pl.a.splits) * WElements(pr.p) * sizeof(float);
+}
+
+cudaError_t Wgrad(const Problem& pr, const Buffers& b, cudaStream_t s) {
+  WgradPlan pl;
+  if (!WgradError(pr, &pl).empty()) return cudaErrorNotSupported;
+  if (!Aligned16(b.a) || !Aligned16(b.b)) return cudaErrorMisalignedAddress;
   DwMmaWgradArgs& a = pl.a;
-  a.splits = static_cast<int>(std::clamp<int64_t>(splits, 1, 1024));  // the caller's workspace holds its splits
-  *launched = true;
-  const cudaError_t e = With16BitTypes(in, out, [&](auto ti, auto to) {
+  if (a.splits > 1 && (b.ws == nullptr || b.ws_bytes < WgradWorkspace(pr))) return cudaErrorInvalidValue;
+  const cudaError_t e = With16BitTypes(pr.in, pr.out, [&](auto ti, auto to) {
     using T = decltype(ti);
     using TO = decltype(to);
     const auto kern = DwMmaWgradKernel<T, TO>;
     if (const cudaError_t e = AllowDynamicSmem(kern, pl.smem); e != cudaSuccess) return e;
     kern<<<static_cast<unsigned>(static_cast<int64_t>(a.ctiles) * a.splits), kWgThreads, pl.smem, s>>>(
-        a, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<TO*>(dw), static_cast<float*>(scratch));
+        a, static_cast<const T*>(b.a), static_cast<const T*>(b.b), static_cast<TO*>(b.out),
+        static_cast<float*>(b.ws));
     return cudaGetLastError();
   });
   if (e != cudaSuccess || a.splits == 1) return e;
-  return ReduceSplits(in, out, scratch, a.splits, WElements(p), dw, s);
+  return ReduceSplits(pr.in, pr.out, b.ws, a.splits, WElements(pr.p), b.out, s);
 }
 
+}  // namespace
 }  // namespace cuda
+
+namespace variants::depthwise_mma {
+
+std::string Applies(const Problem& pr) {
+  if (pr.op == Op::kWgrad) {
+    cuda::WgradPlan pl;
+    return cuda::WgradError(pr, &pl);
+  }
+  cuda::DwPlane t;
+  cuda::MmaPlan pl;
+  return cuda::FwdError(pr, &t, &pl);
+}
+
+size_t Workspace(const Problem& pr) { return pr.op == Op::kWgrad ? cuda::WgradWorkspace(pr) : 0; }
+
+cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
+  if (pr.op == Op::kWgrad) return cuda::Wgrad(pr, b, s);
+  cuda::DwPlane t;
+  cuda::MmaPlan pl;
+  if (!cuda::FwdError(pr, &t, &pl).empty()) return cudaErrorNotSupported;
+  if (!cuda::Aligned16(b.a) || !cuda::Aligned16(b.out)) return cudaErrorMisalignedAddress;
+  const bool fwd = pr.op == Op::kFwd;
+  const int act = fwd ? static_cast<int>(pr.p.activation[0]) : kActNone;
+  const void* bias = fwd && pr.p.has_bias[0] ? b.bias : nullptr;
+  return cuda::With16BitTypes(pr.in, pr.out, [&](auto ti, auto to) {
+    return cuda::Launch<decltype(ti), decltype(to)>(t, pl, act, bias != nullptr, b.a, b.b, bias, b.out, s);
+  });
+}
+
+}  // namespace variants::depthwise_mma
 }  // namespace jaxconv

@@ -1,5 +1,6 @@
-// The 2-D view of a channels-last depthwise problem that the register stencil (depthwise_reg.cu) and the Hopper TMA
-// kernel (depthwise_tma_sm90.cu) share: a source plane stack -> a destination plane stack, D folded into the batch.
+// The 2-D view of a channels-last depthwise problem that the register stencil (reg.cu), the tensor-core 7x7 (mma.cu)
+// and the Hopper TMA kernel (tma_sm90.cu) share: a source plane stack -> a destination plane stack, D folded into the
+// batch.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
-// Depthwise forward, data and filter gradients as register stencils: channels-last 1-D or 2-D (a 3-D problem whose D
-// window is 1 folds D into the batch), float32 / bfloat16 / float16 in, float32 accumulation, c a multiple of 4,
-// no dilation; windows 3/5/7 wide (1-D: 3/4), W stride 1 or 2, data gradients of stride 1 or 2, and filter
-// gradients (DwRowWgradKernel, below). The depthwise family's first choice where it applies (depthwise.cu keeps
-// everything else).
+// depthwise.reg: the depthwise forward, data and filter gradients as register stencils: channels-last 1-D or 2-D (a
+// 3-D problem whose D window is 1 folds D into the batch), float32 / bfloat16 / float16 in, float32 accumulation, c a
+// multiple of 4, no dilation; windows 3/5/7 wide (1-D: 3/4), W stride 1 or 2, data gradients of stride 1 or 2, and
+// filter gradients (DwRowWgradKernel, below). The family's CUDA-core choice where it applies, after the Hopper 3x3
+// (tma_sm90.cu) and tensor-core 7x7 (mma.cu) kernels; vec.cu, tiled.cu and gather.cu take the rest.
 //
 // Thread = (4 consecutive channels, TH destination rows x P destination columns). Consecutive threads take
 // consecutive channel vectors, then the P-column strips of a row, so a warp's loads of one source pixel row are
@@ -12,9 +12,9 @@
 // unit-stride data gradient, staged once per persistent block). A source row feeds up to TH destination rows, a
 // source column up to KW outputs: per output about (L / P) * (M / TH) loads instead of KH * KW. The source is not
 // staged in shared memory (no barrier after the filter's): the halo overlap between neighbouring threads hits L1,
-// between row groups L2. On the H200 (runs 122-125) this replaced the staged kernel's 16-bit paths (MobileNetV2
-// 56^2 x 144 bf16 forward 61 -> 30 us, ConvNeXt 7x7 97 -> 53) and the generic kernel's stride-2 data gradient
-// (1330 -> 62 us). The loop is issue-bound: per source row of the 3x3 bf16 kernel, 96 FFMA among 183 instructions.
+// between row groups L2. It was measured about twice as fast as the staged kernel's 16-bit paths (MobileNetV2 3x3,
+// ConvNeXt 7x7) and twenty times the generic kernel's stride-2 data gradient. The loop is issue-bound: per source row
+// of the 3x3 bf16 kernel, 96 FFMA among 183 instructions.
 //   fwd:   y[y, x, c]  = act(bias[c] + sum_{r,s} w[r, s, c] * x[y SH - ph + r, x S - pw + s, c])
 //   dgrad, stride 1: the forward of dy with the filter flipped and pads k - 1 - p.
 //   dgrad, stride 2 (kUp): dx[i, j, c] = sum over r, s with (i + ph - r, j + pw - s) even of
@@ -24,9 +24,12 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <string>
 
-#include "kernels/shared/common.cuh"
+#include "dispatch/rules.h"
+#include "dispatch/variant.h"
 #include "kernels/depthwise/plane.h"
+#include "kernels/shared/common.cuh"
 
 namespace jaxconv {
 namespace cuda {
@@ -72,7 +75,7 @@ __device__ __forceinline__ void LdColumns(const T* rp, int c, unsigned cmask, fl
 
 // The TH x P outputs of one item (d: the image's channel vector), bias and activation applied. The output dtype is
 // the caller's branch, once per item: tested per pixel, ptxas reloaded the output pointer and branched at each
-// (run 203: MobileNetV2 bf16 29.5 -> 28.3 us, Mamba bf16 83 -> 79.5). Unpredicated stores for items wholly inside
+// (measured a few per cent faster on MobileNetV2 and Mamba bf16). Unpredicated stores for items wholly inside
 // were no faster and took the 3x3 kernels past 80 registers.
 template <class TO, int TH, int P, int kAct>
 __device__ __forceinline__ void StoreTile(TO* d, const float (&acc)[TH][P][kVc], const float (&b)[kVc], int y0,
@@ -182,8 +185,8 @@ __global__ void __launch_bounds__(kThreads) DwRowKernel(const DwRowArgs g, const
     };
     // Interior items (every source row and column inside the image, most of them) of the unit-stride 7-wide
     // and one-row forwards: no per-column predicates or zero fills, and the source rows in runs that feed the same
-    // destination rows, so no branch splits a row's work. Runs 199, 201: ConvNeXt 7x7 bf16 53.4 -> 51.4 us, Mamba
-    // k=4 f32 147 -> 136. Not for the 3x3 kernels: there the second loop made ptxas interleave the predicated
+    // destination rows, so no branch splits a row's work (measured 4-8 % faster on ConvNeXt 7x7 bf16 and Mamba k=4
+    // f32). Not for the 3x3 kernels: there the second loop made ptxas interleave the predicated
     // loop's loads with the unpacking and MobileNetV2 lost more than it gained. The choice is warp-uniform: a warp
     // holds one or two items, and one taking each path would run both (per lane, MobileNetV2 was 30 % slower).
     constexpr bool kInterior = MODE == Mode::kFwd && S == 1 && (KW == 7 || TH == 1);
@@ -405,10 +408,10 @@ DwRowArgs MakeArgs(const ConvParams& p, const RowProblem& rp) {
 inline int WgradRows(const RowProblem& rp) { return rp.kw == 3 && !OneRow(rp) ? 3 : 1; }
 // Channel vectors per block. 3x3 (RH = 3, one block row for the whole window): at most 4 (64 slots of 4 channels),
 // so that there are enough blocks without many splits, whose fixed-order sum (ReduceSplits, one thread per filter
-// element) is latency-bound: with one block for all of MobileNetV2's 144 channels, 528 splits took 34-48 us to add
-// (run 128; with 4 vectors 3-5 us, run 129). Wider windows and 1-D (one block row per window row, and long rows
-// or many channels): wide blocks, fewer passes over dy (run 132: ConvNeXt 7x7 bf16 200 us against 350 with 4 vectors,
-// float32 118 against 141; Mamba k = 4 155 against 241 and 133 against 187).
+// element) is latency-bound: with one block for all of MobileNetV2's 144 channels, its 528 splits took ten times as
+// long to add as with 4 vectors. Wider windows and 1-D (one block row per window row, and long rows or many
+// channels): wide blocks, fewer passes over dy (measured 1.2-1.8x faster than 4 vectors on ConvNeXt 7x7 and Mamba
+// k = 4).
 DwRowArgs MakeWgradArgs(const ConvParams& p, const RowProblem& rp) {
   DwRowArgs a = MakeArgs(p, rp);
   a.vb = static_cast<int>(WgradRows(rp) == 3 ? CeilDiv(a.vecs, CeilDiv(a.vecs, 4)) : VectorsPerBlock(a.vecs, 1));
@@ -422,14 +425,14 @@ DwRowArgs MakeWgradArgs(const ConvParams& p, const RowProblem& rp) {
 }
 
 // Splits of the filter gradient (a function of the problem: they fix the workspace): at most two blocks per SM for
-// the 3x3 blocks, four (two waves) for the wide ones (the settings runs 129 and 132 measured), each slot with at
+// the 3x3 blocks, four (two waves) for the wide ones (the settings measured best), each slot with at
 // least 4 items, partials within 512 MiB.
 int64_t WgradSplits(const ConvParams& p, const RowProblem& rp) {
   const DwRowArgs a = MakeWgradArgs(p, rp);
   const int64_t base = CeilDiv(a.vecs, a.vb) * CeilDiv(a.kh, WgradRows(rp));
   // Rounded down: every variant takes 88-128 registers, so two blocks fit on an SM, and rounding up had put a few
-  // blocks into a wave of their own (MobileNetV2 56^2 x 144: 270 blocks for 264 places; its bf16 kernel 68 -> 42 us,
-  // ConvNeXt 7x7 float32 108 -> 87, run 288).
+  // blocks into a wave of their own (MobileNetV2 56^2 x 144: 270 blocks for 264 places; rounding down made its bf16
+  // kernel and ConvNeXt 7x7 float32 markedly faster).
   int64_t splits = std::max<int64_t>(1, (WgradRows(rp) == 3 ? 2 : 4) * kPlanSms / base);
   splits = std::min<int64_t>(splits, a.items / (4 * a.ns));
   splits = std::min<int64_t>(splits, 1024);
@@ -472,7 +475,7 @@ cudaError_t Launch(const ConvParams& p, const RowProblem& rp, bool out_f32, cons
     constexpr int P = decltype(pc)::value;
     constexpr Mode M = static_cast<Mode>(decltype(modec)::value);
     auto launch = [&](auto kern) {
-      // Persistent: at most the blocks that fit at once, over all channel tiles (run 125: 5-15 % faster than one
+      // Persistent: at most the blocks that fit at once, over all channel tiles (measured 5-15 % faster than one
       // block per group of items).
       int64_t resident = 0;
       if (const cudaError_t e = ResidentBlocks(kern, threads, smem, ctiles, &resident); e != cudaSuccess) return e;
@@ -531,60 +534,70 @@ cudaError_t LaunchWgrad(const ConvParams& p, const RowProblem& rp, bool out_f32,
   return with_s(IntC<7>{}, IntC<1>{});
 }
 
-cudaError_t Run(const ConvParams& p, Op op, DType in, DType out, const void* src, const void* w, const void* bias,
-                void* dst, cudaStream_t s, bool* launched) {
-  *launched = false;
-  RowProblem rp;
-  if (!IsF32AccPair(in, out) || !MakeRowProblem(p, op, &rp) || !Aligned16(src) || !Aligned16(w) || !Aligned16(dst) ||
-      (bias != nullptr && !Aligned16(bias))) {
-    return cudaSuccess;
+// The row problem of pr, or why the kernels do not take it.
+std::string RowError(const Problem& pr, RowProblem* rp) {
+  if (!DepthwiseApplies(pr.p)) return "it takes depthwise convolutions (groups == c == k, batch_groups == 1)";
+  if (!IsF32AccPair(pr.in, pr.out)) return "it takes float32, bfloat16 or float16 operands";
+  if (!MakeRowProblem(pr.p, pr.op, rp)) {
+    return "it takes channels-last 1-D or 2-D problems, c a multiple of 4, no dilation and its window widths and "
+           "strides";
   }
-  *launched = true;
-  const bool out_f32 = out == DType::kF32;
-  if (in == DType::kF32) return Launch<float>(p, rp, out_f32, src, w, bias, dst, s);
-  if (in == DType::kBF16) return Launch<__nv_bfloat16>(p, rp, out_f32, src, w, bias, dst, s);
-  return Launch<__half>(p, rp, out_f32, src, w, bias, dst, s);
+  return {};
+}
+
+template <class F>
+cudaError_t WithInputType(DType in, F&& f) {
+  if (in == DType::kF32) return f(float{});
+  if (in == DType::kBF16) return f(__nv_bfloat16{});
+  return f(__half{});
 }
 
 }  // namespace
-
-cudaError_t DepthwiseRegFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias,
-                            void* y, cudaStream_t s, bool* launched) {
-  return Run(p, Op::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
-}
-
-int64_t DepthwiseRegWgradSplits(const ConvParams& p, DType in) {
-  RowProblem rp;  // every output dtype the handlers accept for these inputs is one IsF32AccPair takes
-  if (in == DType::kF64 || !MakeRowProblem(p, Op::kWgrad, &rp)) return 0;
-  return WgradSplits(p, rp);
-}
-
-cudaError_t DepthwiseRegWgrad(const ConvParams& p, DType in, DType out, const void* x, const void* dy, void* dw,
-                              void* scratch, int64_t splits, cudaStream_t s, bool* launched) {
-  *launched = false;
-  RowProblem rp;
-  if (!IsF32AccPair(in, out) || !MakeRowProblem(p, Op::kWgrad, &rp) || !Aligned16(x) || !Aligned16(dy) ||
-      !Aligned16(dw) || (splits > 1 && scratch == nullptr)) {
-    return cudaSuccess;
-  }
-  *launched = true;
-  splits = std::max<int64_t>(1, splits);
-  const bool out_f32 = out == DType::kF32;
-  cudaError_t e;
-  if (in == DType::kF32) e = LaunchWgrad<float>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
-  else if (in == DType::kBF16) e = LaunchWgrad<__nv_bfloat16>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
-  else e = LaunchWgrad<__half>(p, rp, out_f32, x, dy, dw, scratch, splits, s);
-  if (e != cudaSuccess || splits == 1) return e;
-  return ReduceSplits(in, out, scratch, splits, WElements(p), dw, s);
-}
-
-cudaError_t DepthwiseRegDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
-                              cudaStream_t s, bool* launched) {
-  ConvParams q = p;
-  q.activation[0] = kActNone;
-  q.has_bias[0] = 0;
-  return Run(q, Op::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
-}
-
 }  // namespace cuda
+
+namespace variants::depthwise_reg {
+
+std::string Applies(const Problem& pr) {
+  cuda::RowProblem rp;
+  return cuda::RowError(pr, &rp);
+}
+
+size_t Workspace(const Problem& pr) {
+  cuda::RowProblem rp;
+  if (pr.op != Op::kWgrad || !cuda::RowError(pr, &rp).empty()) return 0;
+  const int64_t splits = cuda::WgradSplits(pr.p, rp);
+  return splits > 1 ? static_cast<size_t>(splits) * WElements(pr.p) * sizeof(float) : 0;
+}
+
+cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
+  cuda::RowProblem rp;
+  if (!cuda::RowError(pr, &rp).empty()) return cudaErrorNotSupported;
+  const bool out_f32 = pr.out == DType::kF32;
+  if (pr.op == Op::kWgrad) {
+    if (!cuda::Aligned16(b.a) || !cuda::Aligned16(b.b) || !cuda::Aligned16(b.out)) return cudaErrorMisalignedAddress;
+    const int64_t splits = cuda::WgradSplits(pr.p, rp);
+    if (splits > 1 && (b.ws == nullptr || b.ws_bytes < Workspace(pr))) return cudaErrorInvalidValue;
+    const cudaError_t e = cuda::WithInputType(pr.in, [&](auto t) {
+      return cuda::LaunchWgrad<decltype(t)>(pr.p, rp, out_f32, b.a, b.b, b.out, b.ws, splits, s);
+    });
+    if (e != cudaSuccess || splits == 1) return e;
+    return cuda::ReduceSplits(pr.in, pr.out, b.ws, splits, WElements(pr.p), b.out, s);
+  }
+  // The data gradient has no epilogue.
+  ConvParams p = pr.p;
+  if (pr.op == Op::kDgrad) {
+    p.activation[0] = kActNone;
+    p.has_bias[0] = 0;
+  }
+  const void* bias = pr.op == Op::kFwd && p.has_bias[0] ? b.bias : nullptr;
+  if (!cuda::Aligned16(b.a) || !cuda::Aligned16(b.b) || !cuda::Aligned16(b.out) ||
+      (bias != nullptr && !cuda::Aligned16(bias))) {
+    return cudaErrorMisalignedAddress;
+  }
+  return cuda::WithInputType(pr.in, [&](auto t) {
+    return cuda::Launch<decltype(t)>(p, rp, out_f32, b.a, b.b, bias, b.out, s);
+  });
+}
+
+}  // namespace variants::depthwise_reg
 }  // namespace jaxconv

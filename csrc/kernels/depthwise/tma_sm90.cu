@@ -1,10 +1,10 @@
-// Depthwise 3x3 forward (and its unit-stride data gradient) on Hopper: channels-last 2-D (a 3-D problem whose D
-// window is 1 folds D into the batch), stride 1 or 2 on both axes, no dilation, float32 / bfloat16 / float16 in,
-// float32 accumulation, c * sizeof(T) a multiple of 16 bytes. DepthwiseFwd / DepthwiseDgrad try it before the
-// register stencil (depthwise_reg.cu).
+// depthwise.tma_sm90: the depthwise 3x3 forward (and its unit-stride data gradient) on Hopper (sm_90a builds on a 9.0
+// device): channels-last 2-D (a 3-D problem whose D window is 1 folds D into the batch), stride 1 or 2 on both axes, no
+// dilation, float32 / bfloat16 / float16 in, float32 accumulation, c * sizeof(T) a multiple of 16 bytes. The family's
+// first choice where it applies, before the tensor-core 7x7 (mma.cu) and the register stencil (reg.cu).
 //
 // Why a second 3x3 kernel: the register stencil loads its source columns itself and then waits on them. On
-// MobileNetV2's layers (H200, runs 172-212) it moved 2.0-3.1 TB/s at about 33 instructions per output element, a
+// MobileNetV2's layers it moved 2.0-3.1 TB/s at about 33 instructions per output element, a
 // third of them address arithmetic, zero fills and predicates for the padding, and hiding its load latency by hand
 // cost registers that it did not have. Here the tensor memory accelerator brings each tile's source box into shared
 // memory, `stages` tiles ahead of the compute: the padding is the box's out-of-bounds fill (zeros), no thread
@@ -18,20 +18,23 @@
 // Pipeline (warp-specialised): a full (transaction) and an empty barrier per buffer; one lane of the last warp
 // issues the boxes, each as soon as every consumer warp has released the buffer's previous tile, so consumer warps
 // never wait on each other. The outputs go from registers to global memory (8- or 16-byte stores per pixel).
-// H200, fwd busy us (run 217): MobileNetV2 56^2 bf16 23.3, float32 35.2; stride 2 bf16 29.2, float32 49.0 (the
-// register stencil: 28.0-28.5, 36.6-37.7, 33.2-33.7, 51.0-52.3 in runs 213-215). ncu of an earlier version (run 214):
-// 750 instructions per warp and tile for 288 FFMA, issue-bound at 0.55 instructions per scheduler and cycle.
+// Measured on MobileNetV2's 56^2 layers (fwd): 10-20 % faster than the register stencil in bf16, 4-7 % in float32,
+// at unit stride and stride 2. ncu of an earlier version: 750 instructions per warp and tile for 288 FFMA,
+// issue-bound at 0.55 instructions per scheduler and cycle.
 //
-// Built only with JAXCONV_IGEMM_SM90 (sm_90a; the TMA instructions do not exist before sm_90); otherwise the entry
-// points never launch.
+// Built only with JAXCONV_IGEMM_SM90 (sm_90a; the TMA instructions do not exist before sm_90); otherwise the variant's
+// predicate refuses every problem and its launch returns cudaErrorNotSupported.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <string>
 
-#include "kernels/shared/common.cuh"
+#include "dispatch/rules.h"
+#include "dispatch/variant.h"
 #include "kernels/depthwise/plane.h"
+#include "kernels/shared/common.cuh"
 #include "kernels/shared/kernels.h"
 
 #if defined(JAXCONV_IGEMM_SM90) && JAXCONV_IGEMM_SM90
@@ -139,8 +142,8 @@ template <class U> __device__ __forceinline__ U* OffsetU32(U* p, uint32_t i) {
 }
 
 // Launch bounds: two blocks per SM (at most 128 registers). Capped for three, 80 registers spilled and the 56^2 bf16
-// forward took 28.0 us instead of 23.5 (run 215); uncapped, the stride-2 kernels took 135-147 registers and the
-// stride-2 bf16 forward 34.3 us instead of 29.3 (runs 216, 215).
+// forward was 19 % slower; uncapped, the stride-2 kernels took 135-147 registers and the stride-2 bf16 forward was 17 %
+// slower.
 template <class T, class TO, int S, int CB>
 __global__ void __launch_bounds__(kBlockThreads, 2)
     DwTmaKernel(const __grid_constant__ CUtensorMap src_map, const __grid_constant__ CUtensorMap pack_map,
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   const int ioff = (rg * kTh * S * g.box_cols + strip * kP * S) * cb + v * kVc;  // elements into the box
   const int row_elems = g.box_cols * cb;
   const float4* wv = fsm + v;
-  // Instructions count here (ncu, run 302, MobileNetV2 56^2 bf16 forward: 714 warp instructions per consumer warp and
+  // Instructions count here (ncu, MobileNetV2 56^2 bf16 forward: 714 warp instructions per consumer warp and
   // tile for 288 FFMA; 40 % of the stall samples were issue-slot waits, selected or not selected). So the bias is the
   // first FMA's addend (it had cost 32 moves per tile), whole items store without per-pixel checks, and each store
   // address is one 32-bit offset from a per-tile pointer.
@@ -288,7 +291,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   }
 }
 
-// The problem as the kernel sees it (depthwise_plane.h): 3x3, the same stride 1 or 2 on both axes (the data gradient:
+// The problem as the kernel sees it (plane.h): 3x3, the same stride 1 or 2 on both axes (the data gradient:
 // unit stride, as the flipped forward), c * sizeof(T) a multiple of 16 bytes (the box's rows).
 bool MakeTmaProblem(const ConvParams& p, Op op, DType in, DwPlane* tp) {
   DwPlane t;
@@ -311,8 +314,8 @@ bool MakeTmaProblem(const ConvParams& p, Op op, DType in, DwPlane* tp) {
 // only where none fits, as for float32 at stride 2: a quarter of the outputs per box byte), then the fewest box
 // pixels per destination pixel (the halo, and the columns past the image in the last column tile). Buffers: two to
 // four within 72 KiB (16-bit: up to three blocks per SM, resident warps for the unpacking) or 150 KiB (float32: bytes
-// in flight). Run 215: bf16 at stride 2 29.3 us with boxes within 36 KiB against 35.6 within 48; float32 at stride 2
-// 48.8 with three 47 KiB buffers against 49.7 with two.
+// in flight). Measured: bf16 at stride 2 18 % faster with boxes within 36 KiB than within 48; float32 at stride 2
+// 2 % faster with three 47 KiB buffers than with two.
 struct TmaPlan {
   DwTmaArgs a{};
   int threads = 0;
@@ -434,18 +437,16 @@ void ShareBlocks(int64_t resident, int64_t ctiles, DwTmaArgs* a) {
 template <class T, class TO>
 cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DType in, const void* src, const void* w,
                    const void* bias, void* dst, cudaStream_t s) {
-  // 48-channel tiles where 48 divides c and 32 does not, at stride 2 or as the only tile. H200, run 245 (bf16 /
-  // float32 HIGHEST fwd us, 48 against 32): 56^2 b32 144 channels at stride 2 10.8 / 22.6 against 13.3 / 24.1, 48
-  // channels 10.2 / 10.6 against 11.0 / 12.6; but at unit stride 144 channels took 24.8 / 35.5 against 23.6 / 35.0
-  // and 28^2 240 channels 11.6 / 15.4 against 11.0 / 15.5 (more halo per output: 12 channel vectors leave room for
-  // at most 18 pixel items in a tile). Where 32 also divides c, stride 2 was mixed (run 247: 112^2 x 96 slower).
+  // 48-channel tiles where 48 divides c and 32 does not, at stride 2 or as the only tile. Measured (bf16 / float32
+  // HIGHEST fwd, 48 against 32, 56^2 b32): 144 channels at stride 2 and 48 channels 6-19 % faster; but at unit stride
+  // 144 channels and 28^2 x 240 channels up to 5 % slower (more halo per output: 12 channel vectors leave room for at
+  // most 18 pixel items in a tile). Where 32 also divides c, stride 2 was mixed (112^2 x 96 slower).
   int cb = t.c % kCb != 0 && t.c % kCb48 == 0 && (t.sh == 2 || t.c == kCb48) ? kCb48 : kCb;
   // A remainder that divides the tile, over more than one image, after at most two whole tiles takes the packed
-  // tile (ShareBlocks). H200, run 250 (56^2 b32 unless named, bf16 / float32 HIGHEST fwd us, packed against not):
-  // 40 channels 11.2 / 11.3 against 12.7 / 11.4, 80 channels 13.1 / 20.8 against 14.5 / 22.2 (run 249: 16 channels
-  // 5.3 / 5.7 against 7.4 / 7.7); but 144 channels 23.7 / 37.0 against 23.7 / 35.7 and 28^2 x 240 11.2 / 15.6
-  // against 11.4 / 15.6, float32 up to 6 % slower in the data gradient: the rounds it saves (8 against 9 for 144) are
-  // not what bounds those layers.
+  // tile (ShareBlocks). Measured (56^2 b32 unless named, bf16 / float32 HIGHEST fwd, packed against not): 40 and 80
+  // channels up to 12 % faster, 16 channels 26-28 % faster; but 144 channels and 28^2 x 240 within a few per cent
+  // either way, float32 up to 6 % slower in the data gradient: the rounds it saves (8 against 9 for 144) are not what
+  // bounds those layers.
   const int rem = static_cast<int>(t.c % kCb);
   const bool packed = cb == kCb && t.n > 1 && t.c / kCb <= 2 &&
                       (rem == 4 || rem == 8 || rem == 16) && rem * sizeof(T) % 16 == 0;
@@ -456,11 +457,9 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DType in, const voi
   // 32-channel tiles moved 2.3 TB/s and whole pixels 3.4). But a whole-pixel tile is fewer pixels (at most 224 items
   // of c / 4 channel vectors), so more halo per output: taken where it reads at most 1.1x the box pixels per output
   // of the channel tiles, or at most 1.35x when the source (16 MiB or more) does not stay in L2 between the tiles'
-  // blocks. H200, run 295 (fwd us, whole / 32-channel tiles; bf16, float32 HIGHEST): 32 x 56^2 x 144 (1.33x the box
-  // pixels) 22.1 / 23.7, 33.7 / 35.3; 136 channels 22.9 / 30.2, 32.3 / 36.3; 120 (1.28x) 19.5 / 23.0, 29.4 / 31.0;
-  // 56 (1.07x) 12.1 / 13.2, 12.5 / 16.3; 24 (1.0x) 7.7 / 8.1, 7.9 / 8.1; 32 x 112^2 x 144 (1.32x) 67.2 / 102.4,
-  // 128 / 175; but 32 x 28^2 x 144 (1.31x; 7.2 and 14.4 MB) 9.2 / 8.5, 9.7 / 8.9 and 1 x 56^2 x 144 4.0 / 3.8,
-  // 4.3 / 3.9.
+  // blocks. Measured (fwd, whole against 32-channel tiles; bf16, float32 HIGHEST): 32 x 56^2 with 24 to 144 channels
+  // (1.0-1.33x the box pixels) 2-24 % faster, 32 x 112^2 x 144 (1.32x) 27-34 % faster; but 32 x 28^2 x 144 (1.31x;
+  // a source that stays in L2) and 1 x 56^2 x 144 5-10 % slower.
   bool whole = false;
   if (t.c % cb != 0 && t.c <= 256 && !packed) {
     const TmaPlan wp = MakePlan(t, sizeof(T), static_cast<int>(t.c));
@@ -501,45 +500,55 @@ cudaError_t Launch(const DwPlane& t, int act, bool has_bias, DType in, const voi
   return t.sh == 1 ? go(DwTmaKernel<T, TO, 1, kCb>) : go(DwTmaKernel<T, TO, 2, kCb>);
 }
 
-cudaError_t Run(const ConvParams& p, Op op, DType in, DType out, const void* src, const void* w, const void* bias,
-                void* dst, cudaStream_t s, bool* launched) {
-  *launched = false;
-  DwPlane t;
-  if (DeviceArch() != 90 || !IsF32AccPair(in, out) || !MakeTmaProblem(p, op, in, &t) || !Aligned16(src) ||
-      !Aligned16(w) || !Aligned16(dst) || (bias != nullptr && !Aligned16(bias))) {
-    return cudaSuccess;
+// The problem as the kernel sees it for pr, or why the kernel does not take it.
+std::string TmaError(const Problem& pr, DwPlane* t) {
+  if (!DepthwiseApplies(pr.p)) return "it takes depthwise convolutions (groups == c == k, batch_groups == 1)";
+  if (pr.dev.arch != 90) return "it needs a compute capability 9.0 device";
+  if (!IsF32AccPair(pr.in, pr.out) || !MakeTmaProblem(pr.p, pr.op, pr.in, t)) {
+    return "it takes channels-last 2-D 3x3 windows at equal strides of 1 or 2 (data gradients: 1), no dilation, c a "
+           "multiple of 16 bytes";
   }
-  *launched = true;
-  const int act = op == Op::kFwd ? static_cast<int>(p.activation[0]) : kActNone;
-  return WithF32AccTypes(in, out, [&](auto ti, auto to) {
-    using T = decltype(ti);
-    using TO = decltype(to);
-    return Launch<T, TO>(t, act, bias != nullptr, in, src, w, bias, dst, s);
-  });
+  return {};
 }
 
 }  // namespace
 #endif  // JAXCONV_DW_TMA
 
-cudaError_t DepthwiseTmaFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias,
-                            void* y, cudaStream_t s, bool* launched) {
-#if JAXCONV_DW_TMA
-  return Run(p, Op::kFwd, in, out, x, w, p.has_bias[0] ? bias : nullptr, y, s, launched);
-#else
-  *launched = false;
-  return cudaSuccess;
-#endif
-}
-
-cudaError_t DepthwiseTmaDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
-                              cudaStream_t s, bool* launched) {
-#if JAXCONV_DW_TMA
-  return Run(p, Op::kDgrad, in, out, dy, w, nullptr, dx, s, launched);
-#else
-  *launched = false;
-  return cudaSuccess;
-#endif
-}
-
 }  // namespace cuda
+
+namespace variants::depthwise_tma_sm90 {
+
+#if JAXCONV_DW_TMA
+std::string Applies(const Problem& pr) {
+  cuda::DwPlane t;
+  return cuda::TmaError(pr, &t);
+}
+
+size_t Workspace(const Problem&) { return 0; }
+
+cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
+  cuda::DwPlane t;
+  if (!cuda::TmaError(pr, &t).empty()) return cudaErrorNotSupported;
+  const bool fwd = pr.op == Op::kFwd;
+  const void* bias = fwd && pr.p.has_bias[0] ? b.bias : nullptr;
+  if (!cuda::Aligned16(b.a) || !cuda::Aligned16(b.b) || !cuda::Aligned16(b.out) ||
+      (bias != nullptr && !cuda::Aligned16(bias))) {
+    return cudaErrorMisalignedAddress;
+  }
+  const int act = fwd ? static_cast<int>(pr.p.activation[0]) : kActNone;
+  return cuda::WithF32AccTypes(pr.in, pr.out, [&](auto ti, auto to) {
+    using T = decltype(ti);
+    using TO = decltype(to);
+    return cuda::Launch<T, TO>(t, act, bias != nullptr, pr.in, b.a, b.b, bias, b.out, s);
+  });
+}
+#else
+std::string Applies(const Problem&) { return "jaxconv was built without sm_90a kernels"; }
+
+size_t Workspace(const Problem&) { return 0; }
+
+cudaError_t Launch(const Problem&, const Buffers&, cudaStream_t) { return cudaErrorNotSupported; }
+#endif
+
+}  // namespace variants::depthwise_tma_sm90
 }  // namespace jaxconv

@@ -1,176 +1,22 @@
-// Depthwise convolution: groups == c == k (multiplier 1), batch_groups == 1. w is (K, 1, taps): w[c, 0, f].
-//   fwd:   y[n, c, o]  = act(bias[c] + sum_f x[n, c, i(o, f)] * w[c, f])
-//   dgrad: dx[n, c, i] = sum_{f, o: i(o, f) == i} dy[n, c, o] * w[c, f]
-//   wgrad: dw[c, f]    = sum_{n, o} x[n, c, i(o, f)] * dy[n, c, o]
-// fwd and dgrad are both "dst[t] = sum_f src[q(t, f)] * w[f]" with q = t*alpha + beta + f*gamma per dim, valid
-// iff q >= 0, q % delta == 0, q / delta < lim (see direct.cu).
-// Channels-last with delta == 1 in every dim (fwd: no lhs dilation; dgrad: stride 1), W dilation 1, W stride 1
-// or 2, C a multiple of one 16-byte vector and 16-byte aligned buffers: DwVecKernel (channel vectors per
-// thread, register sliding along W, cp.async-staged tiles). Otherwise, with delta == 1: a tiled kernel stages
-// the source tile with its halo in shared memory (zero-filled outside the source, so the inner loop has no
-// bounds checks); channels-last tiles are 32 channels wide, channels-first tiles are 32 x 32 spatial. Anything
-// else takes a generic gather kernel.
-// wgrad: the tensor-core 7x7 kernel (depthwise_mma.cu) and the register stencil (depthwise_reg.cu) first; then
-// channels-last without lhs dilation and C a multiple of one 16-byte vector: DwVecWgradKernel (channel
-// vectors, a register tile of taps per thread); otherwise one block per (channel tile, tap, split). Both reduce
-// in a fixed order in the block and write split partials to scratch for a fixed-order ReduceSplits
-// (deterministic).
-#include "kernels/shared/common.cuh"
-
+// depthwise.vec: the depthwise ops on channels-last data as channel vectors per thread (c a multiple of one 16-byte
+// vector of the input dtype, every dtype pair).
+// Forward and data gradient (stencil.cuh's view) with a hole-free source (delta == 1: no lhs dilation in the forward,
+// unit strides in the data gradient), W dilation 1 and a W step of 1 or 2 (DwVecKernel, below).
+// Filter gradient without lhs dilation (DwVecWgradKernel, below).
 #include <algorithm>
-#include <type_traits>
+#include <cstdint>
+#include <string>
+
+#include "dispatch/rules.h"
+#include "dispatch/variant.h"
+#include "kernels/depthwise/stencil.cuh"
+#include "kernels/shared/common.cuh"
 
 namespace jaxconv {
 namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kSmemLimit = 48 * 1024;
-
-struct DwArgs {
-  int64_t n, c, tsp[3], taps[3];
-  int64_t alpha[3], beta[3], gamma[3], delta[3], lim[3];
-  int64_t sN, sC, sS[3];  // source
-  int64_t dN, dC, dS[3];  // destination
-  int64_t wC, wF[3];
-  int64_t ext[3], off[3];  // tiled kernel: staged extent and tap offset per dim
-  int64_t tl[3], ntl[3], ctiles, tiles;
-  int act, has_bias, cl;
-};
-
-// ---- tiled kernel (delta == 1) ----
-// CL: TC = 32 channels, tile 1 x 8 x 8; thread (c, r): outputs (r, j) for j < 8.
-// CF: TC = 1, tile 1 x 32 x 32; thread (w, r): outputs (r + 8 m, w) for m < 4.
-template <class T, class TO, bool CL>
-__global__ void __launch_bounds__(kThreads) DwTiledKernel(const DwArgs g, const T* __restrict__ src,
-                                                          const T* __restrict__ w, const TO* __restrict__ bias,
-                                                          TO* __restrict__ dst) {
-  using Acc = typename AccOf<T>::type;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  Acc* tile = reinterpret_cast<Acc*>(smem_raw);
-  constexpr int TC = CL ? 32 : 1;
-  constexpr int TH = CL ? 8 : 32, TW = CL ? 8 : 32;
-  constexpr int R = CL ? 8 : 4;
-  const int tid = threadIdx.x;
-  const int64_t E0 = g.ext[0], E1 = g.ext[1], E2 = g.ext[2];
-  const int64_t tile_elems = E0 * E1 * E2 * TC;
-
-  for (int64_t t = blockIdx.x; t < g.tiles; t += gridDim.x) {
-    int64_t rem = t;
-    const int64_t tw = rem % g.ntl[2]; rem /= g.ntl[2];
-    const int64_t th = rem % g.ntl[1]; rem /= g.ntl[1];
-    const int64_t td = rem % g.ntl[0]; rem /= g.ntl[0];
-    const int64_t ct = rem % g.ctiles; rem /= g.ctiles;
-    const int64_t n = rem;
-    const int64_t t0[3] = {td, th * TH, tw * TW};
-    int64_t lo[3];
-#pragma unroll
-    for (int d = 0; d < 3; ++d) lo[d] = t0[d] * g.alpha[d] + g.beta[d] - g.off[d];
-    const int64_t c0 = ct * TC;
-    __syncthreads();
-    // tile_elems * sizeof(Acc) <= 48 KiB, so 32-bit tile-local indices (and cheap 32-bit divisions) suffice
-    const unsigned uE1 = static_cast<unsigned>(E1), uE2 = static_cast<unsigned>(E2);
-    for (unsigned e = tid; e < static_cast<unsigned>(tile_elems); e += kThreads) {
-      unsigned r2 = e;
-      const unsigned cc = r2 % TC; r2 /= TC;
-      const unsigned s2 = r2 % uE2; r2 /= uE2;
-      const unsigned s1 = r2 % uE1; r2 /= uE1;
-      const unsigned s0 = r2;
-      const int64_t q0 = lo[0] + s0, q1 = lo[1] + s1, q2 = lo[2] + s2, c = c0 + cc;
-      Acc v = Acc(0);
-      if (c < g.c && q0 >= 0 && q0 < g.lim[0] && q1 >= 0 && q1 < g.lim[1] && q2 >= 0 && q2 < g.lim[2]) {
-        v = ToAcc(src[n * g.sN + c * g.sC + q0 * g.sS[0] + q1 * g.sS[1] + q2 * g.sS[2]]);
-      }
-      tile[e] = v;
-    }
-    __syncthreads();
-    const int lane = tid % 32, row = tid / 32;
-    const int64_t c = CL ? c0 + lane : c0;
-    Acc acc[R];
-#pragma unroll
-    for (int m = 0; m < R; ++m) acc[m] = Acc(0);
-    if (c < g.c) {
-      for (int64_t f0 = 0; f0 < g.taps[0]; ++f0) {
-        const int64_t p0 = f0 * g.gamma[0] + g.off[0];  // local out d is 0
-        for (int64_t f1 = 0; f1 < g.taps[1]; ++f1) {
-          for (int64_t f2 = 0; f2 < g.taps[2]; ++f2) {
-            const Acc wv = ToAcc(w[c * g.wC + f0 * g.wF[0] + f1 * g.wF[1] + f2 * g.wF[2]]);
-            const int64_t b1 = f1 * g.gamma[1] + g.off[1];
-            const int64_t b2 = f2 * g.gamma[2] + g.off[2];
-#pragma unroll
-            for (int m = 0; m < R; ++m) {
-              const int64_t l1 = CL ? row : row + 8 * m;
-              const int64_t l2 = CL ? m : lane;
-              const int64_t s1 = l1 * g.alpha[1] + b1, s2 = l2 * g.alpha[2] + b2;
-              acc[m] = fma(tile[((p0 * E1 + s1) * E2 + s2) * TC + (CL ? lane : 0)], wv, acc[m]);
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < R; ++m) {
-        const int64_t o1 = t0[1] + (CL ? row : row + 8 * m);
-        const int64_t o2 = t0[2] + (CL ? m : lane);
-        if (o1 >= g.tsp[1] || o2 >= g.tsp[2]) continue;
-        Acc v = acc[m];
-        if (g.has_bias) v += ToAcc(bias[c]);
-        v = Activate(v, g.act);
-        dst[n * g.dN + c * g.dC + t0[0] * g.dS[0] + o1 * g.dS[1] + o2 * g.dS[2]] = FromAcc<TO>(v);
-      }
-    }
-  }
-}
-
-// ---- generic gather kernel: one thread per destination element ----
-template <class T, class TO>
-__global__ void __launch_bounds__(kThreads) DwGenericKernel(const DwArgs g, const T* __restrict__ src,
-                                                            const T* __restrict__ w, const TO* __restrict__ bias,
-                                                            TO* __restrict__ dst) {
-  using Acc = typename AccOf<T>::type;
-  const int64_t total = g.n * g.c * g.tsp[0] * g.tsp[1] * g.tsp[2];
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += step) {
-    int64_t rem = e, c, t[3], n;
-    if (g.cl) {
-      { const int64_t q_ = DivNN(rem, g.c); c = rem - q_ * (g.c); rem = q_; }
-      { const int64_t q_ = DivNN(rem, g.tsp[2]); t[2] = rem - q_ * (g.tsp[2]); rem = q_; }
-      { const int64_t q_ = DivNN(rem, g.tsp[1]); t[1] = rem - q_ * (g.tsp[1]); rem = q_; }
-      { const int64_t q_ = DivNN(rem, g.tsp[0]); t[0] = rem - q_ * (g.tsp[0]); rem = q_; }
-      n = rem;
-    } else {
-      { const int64_t q_ = DivNN(rem, g.tsp[2]); t[2] = rem - q_ * (g.tsp[2]); rem = q_; }
-      { const int64_t q_ = DivNN(rem, g.tsp[1]); t[1] = rem - q_ * (g.tsp[1]); rem = q_; }
-      { const int64_t q_ = DivNN(rem, g.tsp[0]); t[0] = rem - q_ * (g.tsp[0]); rem = q_; }
-      { const int64_t q_ = DivNN(rem, g.c); c = rem - q_ * (g.c); rem = q_; }
-      n = rem;
-    }
-    Acc acc = Acc(0);
-    const int64_t sbase = n * g.sN + c * g.sC;
-    for (int64_t f0 = 0; f0 < g.taps[0]; ++f0) {
-      int64_t q0 = t[0] * g.alpha[0] + g.beta[0] + f0 * g.gamma[0];
-      if (q0 < 0) continue;
-      { const int64_t d_ = DivNN(q0, g.delta[0]); if (d_ * g.delta[0] != q0) continue; q0 = d_; }
-      if (q0 >= g.lim[0]) continue;
-      for (int64_t f1 = 0; f1 < g.taps[1]; ++f1) {
-        int64_t q1 = t[1] * g.alpha[1] + g.beta[1] + f1 * g.gamma[1];
-        if (q1 < 0) continue;
-        { const int64_t d_ = DivNN(q1, g.delta[1]); if (d_ * g.delta[1] != q1) continue; q1 = d_; }
-        if (q1 >= g.lim[1]) continue;
-        for (int64_t f2 = 0; f2 < g.taps[2]; ++f2) {
-          int64_t q2 = t[2] * g.alpha[2] + g.beta[2] + f2 * g.gamma[2];
-          if (q2 < 0) continue;
-          { const int64_t d_ = DivNN(q2, g.delta[2]); if (d_ * g.delta[2] != q2) continue; q2 = d_; }
-          if (q2 >= g.lim[2]) continue;
-          acc = fma(ToAcc(src[sbase + q0 * g.sS[0] + q1 * g.sS[1] + q2 * g.sS[2]]),
-                    ToAcc(w[c * g.wC + f0 * g.wF[0] + f1 * g.wF[1] + f2 * g.wF[2]]), acc);
-        }
-      }
-    }
-    if (g.has_bias) acc += ToAcc(bias[c]);
-    acc = Activate(acc, g.act);
-    dst[n * g.dN + c * g.dC + t[0] * g.dS[0] + t[1] * g.dS[1] + t[2] * g.dS[2]] = FromAcc<TO>(acc);
-  }
-}
 
 // ---- channels-last vectorised kernel (delta == 1, W dilation 1 after flipping, W stride 1 or 2) ----
 // A block owns a channel tile (CT channels), one output D position, TH output rows and NSEG * R output columns.
@@ -538,23 +384,29 @@ cudaError_t LaunchVecKernel(const DvArgs& g, int threads, int64_t smem, const vo
   return cudaGetLastError();
 }
 
-// Runs the vectorised kernel when it applies (*ran = true), else leaves the problem to the older kernels.
-template <class T, class TO>
-cudaError_t TryDwVec(const DwArgs& a, const void* src, const void* w, const void* bias, void* dst, cudaStream_t s,
-                     bool* ran) {
-  using Acc = typename AccOf<T>::type;
-  constexpr int VA = 16 / sizeof(Acc);
-  constexpr int VL = 16 / sizeof(T);
-  *ran = false;
-  if (!a.cl || a.c % VL != 0 || a.wC != 1) return cudaSuccess;
-  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  if (!aligned(src) || !aligned(w) || !aligned(dst)) return cudaSuccess;
+// The vector kernel's arguments and launch shape (a function of the problem only).
+struct VecLaunch {
+  DvArgs g{};
+  VecTile t;
+  int u = 4, a = 1, threads = 0;
+};
+
+// Plans the vector kernel for op (fwd or dgrad): "" with *out filled, else why it does not take the problem.
+std::string PlanVec(const ConvParams& p, Op op, DType in, VecLaunch* out) {
+  const DwArgs a = MakeDwArgs(p, op);
+  const int acc_bytes = static_cast<int>(AccBytes(in)), tsize = DTypeBytes(in);
+  const int VA = 16 / acc_bytes;
+  const int VL = 16 / tsize;
+  if (!a.cl || a.sC != 1 || a.dC != 1 || a.wC != 1) return "it takes channels-last layouts";
+  if (a.c % VL != 0) return "it takes c a multiple of one 16-byte vector";
+  if (DwDstElements(a) <= 0) return "it takes non-empty outputs";
   DvArgs g{};
   g.n = a.n;
   g.c = a.c;
   g.wbase = 0;
   for (int d = 0; d < 3; ++d) {
-    if (a.delta[d] != 1 || a.taps[d] < 1 || a.gamma[d] == 0) return cudaSuccess;
+    if (a.delta[d] != 1) return "it takes no lhs dilation in the forward and unit strides in the data gradient";
+    if (a.taps[d] < 1 || a.gamma[d] == 0) return "it takes non-empty windows";
     g.tsp[d] = a.tsp[d];
     g.taps[d] = a.taps[d];
     g.alpha[d] = a.alpha[d];
@@ -572,18 +424,18 @@ cudaError_t TryDwVec(const DwArgs& a, const void* src, const void* w, const void
       g.wstep[d] = a.wF[d];
     }
   }
-  if (g.gamma[2] != 1 || (g.alpha[2] != 1 && g.alpha[2] != 2)) return cudaSuccess;
+  if (g.gamma[2] != 1 || (g.alpha[2] != 1 && g.alpha[2] != 2)) return "it takes W dilation 1 and a W step of 1 or 2";
   // tile-local shared-memory offsets are int: keep every per-dim factor modest
-  if (g.gamma[0] > 64 || g.gamma[1] > 64 || g.alpha[1] > 64) return cudaSuccess;
+  if (g.gamma[0] > 64 || g.gamma[1] > 64 || g.alpha[1] > 64) return "it takes D and H dilations and H steps up to 64";
   g.sN = a.sN;
   g.dN = a.dN;
   g.act = a.act;
   g.has_bias = a.has_bias;
   const int A = static_cast<int>(g.alpha[2]);
   const int U = g.taps[2] <= 4 || A == 2 ? 4 : 8;  // U = 8 with stride 2 would spill
-  const int R = VecR(A, sizeof(Acc));
+  const int R = VecR(A, acc_bytes);
   VecTile t;
-  if (!PlanVecTile(g, sizeof(T), VA, U, A, R, &t)) return cudaSuccess;
+  if (!PlanVecTile(g, tsize, VA, U, A, R, &t)) return "no tile fits its shared memory";
   g.ct = t.ct;
   g.th = t.th;
   g.nseg = t.nseg;
@@ -604,170 +456,20 @@ cudaError_t TryDwVec(const DwArgs& a, const void* src, const void* w, const void
   g.ntl1 = CeilDiv(g.tsp[1], t.th);
   g.ntl2 = CeilDiv(CeilDiv(g.tsp[2], R), t.nseg);
   g.tiles = g.n * g.ctiles * g.tsp[0] * g.ntl1 * g.ntl2;
-  *ran = true;
-  if (g.tiles <= 0) return cudaSuccess;
-  const int threads = ThreadsFor(t.items);
-  if (U == 4 && A == 1) return LaunchVecKernel<T, TO, 4, 1>(g, threads, t.smem, src, w, bias, dst, s);
-  if (U == 4 && A == 2) return LaunchVecKernel<T, TO, 4, 2>(g, threads, t.smem, src, w, bias, dst, s);
-  return LaunchVecKernel<T, TO, 8, 1>(g, threads, t.smem, src, w, bias, dst, s);
+  out->g = g;
+  out->t = t;
+  out->u = U;
+  out->a = A;
+  out->threads = ThreadsFor(t.items);
+  return {};
 }
 
 template <class T, class TO>
-cudaError_t LaunchDw(DwArgs g, const void* src, const void* w, const void* bias, void* dst, cudaStream_t s) {
-  const int64_t total = g.n * g.c * g.tsp[0] * g.tsp[1] * g.tsp[2];
-  if (total <= 0) return cudaSuccess;
-  if (g.cl && g.sC == 1 && g.dC == 1) {
-    bool ran = false;
-    const cudaError_t e = TryDwVec<T, TO>(g, src, w, bias, dst, s, &ran);
-    if (ran || e != cudaSuccess) return e;
-  }
-  bool unit = true;
-  for (int d = 0; d < 3; ++d) unit = unit && g.delta[d] == 1;
-  if (unit) {
-    const int TC = g.cl ? 32 : 1;
-    const int64_t tl[3] = {1, g.cl ? 8 : 32, g.cl ? 8 : 32};
-    int64_t bytes = TC * static_cast<int64_t>(sizeof(typename AccOf<T>::type));
-    for (int d = 0; d < 3; ++d) {
-      const int64_t span = g.taps[d] == 0 ? 0 : (g.taps[d] - 1) * (g.gamma[d] < 0 ? -g.gamma[d] : g.gamma[d]);
-      g.ext[d] = (tl[d] - 1) * g.alpha[d] + span + 1;
-      g.off[d] = (g.taps[d] > 0 && g.gamma[d] < 0) ? -(g.taps[d] - 1) * g.gamma[d] : 0;
-      g.tl[d] = tl[d];
-      g.ntl[d] = CeilDiv(g.tsp[d], tl[d]);
-      bytes = bytes > kSmemLimit ? bytes : bytes * g.ext[d];  // saturates past the limit (no overflow)
-    }
-    if (bytes <= kSmemLimit) {
-      g.ctiles = CeilDiv(g.c, TC);
-      g.tiles = g.n * g.ctiles * g.ntl[0] * g.ntl[1] * g.ntl[2];
-      const dim3 grid(GridX(g.tiles));
-      if (g.cl) {
-        DwTiledKernel<T, TO, true><<<grid, kThreads, bytes, s>>>(g, static_cast<const T*>(src), static_cast<const T*>(w),
-                                                                 static_cast<const TO*>(bias), static_cast<TO*>(dst));
-      } else {
-        DwTiledKernel<T, TO, false><<<grid, kThreads, bytes, s>>>(g, static_cast<const T*>(src), static_cast<const T*>(w),
-                                                                  static_cast<const TO*>(bias), static_cast<TO*>(dst));
-      }
-      return cudaGetLastError();
-    }
-  }
-  DwGenericKernel<T, TO><<<GridX(CeilDiv(total, kThreads)), kThreads, 0, s>>>(
-      g, static_cast<const T*>(src), static_cast<const T*>(w), static_cast<const TO*>(bias), static_cast<TO*>(dst));
-  return cudaGetLastError();
-}
-
-cudaError_t RunDw(const DwArgs& g, DType in, DType out, const void* src, const void* w, const void* bias, void* dst,
-                  cudaStream_t s) {
-#define JAXCONV_BODY(T, TO) return LaunchDw<T, TO>(g, src, w, bias, dst, s)
-  JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
-#undef JAXCONV_BODY
-}
-
-// ---- wgrad ----
-struct DwWgradArgs {
-  int64_t n, c, osp[3], in[3], taps[3], ntaps, rtotal;
-  int64_t stride[3], pad[3], ldil[3], rdil[3];
-  int64_t xN, xC, xS[3], dN, dC, dS[3], wC, wF[3];
-  int64_t ctiles, splits, per_split, blocks, welems;
-  int cl;
-};
-
-template <class T, class TO>
-__global__ void __launch_bounds__(kThreads) DwWgradKernel(const DwWgradArgs g, const T* __restrict__ x,
-                                                          const T* __restrict__ dy, TO* __restrict__ dw,
-                                                          typename AccOf<T>::type* __restrict__ scratch) {
-  using Acc = typename AccOf<T>::type;
-  __shared__ Acc red[kThreads];
-  const int tid = threadIdx.x;
-  const int cth = g.cl ? 32 : 1;
-  const int lanes = kThreads / cth;
-  const int cl_ = tid % cth, lane = tid / cth;
-  for (int64_t b = blockIdx.x; b < g.blocks; b += gridDim.x) {
-    const int64_t bq = DivNN(b, g.splits), split = b - bq * g.splits;
-    const int64_t ct = DivNN(bq, g.ntaps), tap = bq - ct * g.ntaps;
-    const int64_t c = ct * cth + cl_;
-    const int64_t t12 = DivNN(tap, g.taps[2]), f2 = tap - t12 * g.taps[2];
-    const int64_t f0 = DivNN(t12, g.taps[1]), f1 = t12 - f0 * g.taps[1];
-    const int64_t fo[3] = {f0 * g.rdil[0] - g.pad[0], f1 * g.rdil[1] - g.pad[1], f2 * g.rdil[2] - g.pad[2]};
-    const int64_t r_begin = split * g.per_split;
-    const int64_t r_end = min(g.rtotal, r_begin + g.per_split);
-    Acc acc = Acc(0);
-    if (c < g.c && r_begin + lane < r_end) {
-      int64_t rem = r_begin + lane;
-      int64_t o2; { const int64_t q_ = DivNN(rem, g.osp[2]); o2 = rem - q_ * g.osp[2]; rem = q_; }
-      int64_t o1; { const int64_t q_ = DivNN(rem, g.osp[1]); o1 = rem - q_ * g.osp[1]; rem = q_; }
-      int64_t o0; { const int64_t q_ = DivNN(rem, g.osp[0]); o0 = rem - q_ * g.osp[0]; rem = q_; }
-      int64_t n = rem;
-      for (int64_t r = r_begin + lane; r < r_end; r += lanes) {
-        int64_t q[3] = {o0 * g.stride[0] + fo[0], o1 * g.stride[1] + fo[1], o2 * g.stride[2] + fo[2]};
-        bool ok = true;
-        int64_t xo = n * g.xN + c * g.xC;
-#pragma unroll
-        for (int d = 0; d < 3; ++d) {
-          int64_t qd = q[d];
-          if (g.ldil[d] != 1) {
-            const int64_t dq = qd >= 0 ? DivNN(qd, g.ldil[d]) : -1;
-            ok = ok && qd >= 0 && dq * g.ldil[d] == qd;
-            qd = dq;
-          }
-          ok = ok && qd >= 0 && qd < g.in[d];
-          xo += qd * g.xS[d];
-        }
-        if (ok) {
-          acc = fma(ToAcc(x[xo]), ToAcc(dy[n * g.dN + c * g.dC + o0 * g.dS[0] + o1 * g.dS[1] + o2 * g.dS[2]]), acc);
-        }
-        // advance (n, o0, o1, o2) by `lanes` positions
-        o2 += lanes;
-        while (o2 >= g.osp[2]) {
-          o2 -= g.osp[2];
-          if (++o1 >= g.osp[1]) {
-            o1 = 0;
-            if (++o0 >= g.osp[0]) { o0 = 0; ++n; }
-          }
-        }
-      }
-    }
-    __syncthreads();
-    red[tid] = acc;
-    __syncthreads();
-    if (lane == 0 && c < g.c) {
-      Acc s = Acc(0);
-      for (int l = 0; l < lanes; ++l) s += red[l * cth + cl_];  // fixed order
-      const int64_t off = c * g.wC + f0 * g.wF[0] + f1 * g.wF[1] + f2 * g.wF[2];
-      if (g.splits == 1) dw[off] = FromAcc<TO>(s);
-      else scratch[split * g.welems + off] = s;
-    }
-  }
-}
-
-DwWgradArgs MakeDwWgradArgs(const ConvParams& p) {
-  const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
-  DwWgradArgs g{};
-  g.n = p.n[0];
-  g.c = p.c[0];
-  g.cl = p.layout[0] == kChannelsLast;
-  g.ntaps = 1;
-  g.rtotal = p.n[0];
-  for (int d = 0; d < 3; ++d) {
-    g.osp[d] = p.out[d];
-    g.in[d] = p.in[d];
-    g.taps[d] = p.win[d];
-    g.ntaps *= p.win[d];
-    g.rtotal *= p.out[d];
-    g.stride[d] = p.stride[d];
-    g.pad[d] = p.pad_lo[d];
-    g.ldil[d] = p.lhs_dil[d];
-    g.rdil[d] = p.rhs_dil[d];
-    g.xS[d] = xs.s[2 + d];
-    g.dS[d] = ys.s[2 + d];
-    g.wF[d] = ws.s[2 + d];
-  }
-  g.xN = xs.s[0];
-  g.xC = xs.s[1];
-  g.dN = ys.s[0];
-  g.dC = ys.s[1];
-  g.wC = ws.s[0];  // w[c, 0, f]: output channel stride
-  g.ctiles = CeilDiv(g.c, g.cl ? 32 : 1);
-  g.welems = WElements(p);
-  return g;
+cudaError_t RunVec(const VecLaunch& v, const void* src, const void* w, const void* bias, void* dst, cudaStream_t s) {
+  if (v.g.tiles <= 0) return cudaSuccess;
+  if (v.u == 4 && v.a == 1) return LaunchVecKernel<T, TO, 4, 1>(v.g, v.threads, v.t.smem, src, w, bias, dst, s);
+  if (v.u == 4 && v.a == 2) return LaunchVecKernel<T, TO, 4, 2>(v.g, v.threads, v.t.smem, src, w, bias, dst, s);
+  return LaunchVecKernel<T, TO, 8, 1>(v.g, v.threads, v.t.smem, src, w, bias, dst, s);
 }
 
 // ---- channels-last vectorised wgrad (no lhs dilation) ----
@@ -981,15 +683,9 @@ cudaError_t LaunchVecWgrad(const DvWArgs& g, const void* x, const void* dy, void
   return cudaGetLastError();
 }
 
-// Runs the vectorised wgrad when the plan applies and the pointers are 16-byte aligned (*ran = true).
 template <class T, class TO>
-cudaError_t TryDwVecWgrad(const ConvParams& p, DType in, const void* x, const void* dy, void* dw, void* scratch,
-                          int64_t splits, cudaStream_t s, bool* ran) {
-  *ran = false;
-  const VecWgradPlan pl = PlanVecWgrad(p, in);
-  if (!pl.ok) return cudaSuccess;
-  auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
-  if (!aligned(x) || !aligned(dy) || !aligned(dw)) return cudaSuccess;
+cudaError_t RunVecWgrad(const ConvParams& p, const VecWgradPlan& pl, const void* x, const void* dy, void* dw,
+                        void* scratch, cudaStream_t s) {
   const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
   DvWArgs g{};
   g.c = p.c[0];
@@ -1009,7 +705,7 @@ cudaError_t TryDwVecWgrad(const ConvParams& p, DType in, const void* x, const vo
   g.segw = pl.segw;
   g.nsegw = pl.nsegw;
   g.units = pl.units;
-  g.splits = splits < 1 ? 1 : splits;
+  g.splits = pl.splits < 1 ? 1 : pl.splits;
   g.per_split = std::max<int64_t>(1, CeilDiv(g.units, g.splits));
   g.ng1 = pl.ng1;
   g.ng2 = pl.ng2;
@@ -1020,7 +716,6 @@ cudaError_t TryDwVecWgrad(const ConvParams& p, DType in, const void* x, const vo
   g.ct = pl.ct;
   g.lanes = pl.lanes;
   g.rowt = pl.rowt;
-  *ran = true;  // the caller adds the split partials
   if (!pl.slide) return LaunchVecWgrad<T, TO, 4, 1, false>(g, x, dy, dw, scratch, s);
   if constexpr (sizeof(typename AccOf<T>::type) == 8) {  // rh == 1
     if (pl.tk == 7) return LaunchVecWgrad<T, TO, 7, 1, true>(g, x, dy, dw, scratch, s);
@@ -1033,137 +728,50 @@ cudaError_t TryDwVecWgrad(const ConvParams& p, DType in, const void* x, const vo
   }
 }
 
-}  // namespace
-
-cudaError_t DepthwiseFwd(const ConvParams& p, DType in, DType out, const void* x, const void* w, const void* bias, void* y,
-                         cudaStream_t s) {
-  bool launched = false;
-  if (const cudaError_t e = DepthwiseTmaFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
-    return e;
-  }
-  if (const cudaError_t e = DepthwiseMmaFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
-    return e;
-  }
-  if (const cudaError_t e = DepthwiseRegFwd(p, in, out, x, w, bias, y, s, &launched); e != cudaSuccess || launched) {
-    return e;
-  }
-  const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
-  DwArgs g{};
-  g.n = p.n[0];
-  g.c = p.c[0];
-  g.cl = p.layout[0] == kChannelsLast;
-  for (int d = 0; d < 3; ++d) {
-    g.tsp[d] = p.out[d];
-    g.taps[d] = p.win[d];
-    g.alpha[d] = p.stride[d];
-    g.beta[d] = -p.pad_lo[d];
-    g.gamma[d] = p.rhs_dil[d];
-    g.delta[d] = p.lhs_dil[d];
-    g.lim[d] = p.in[d];
-    g.sS[d] = xs.s[2 + d];
-    g.dS[d] = ys.s[2 + d];
-    g.wF[d] = ws.s[2 + d];
-  }
-  g.sN = xs.s[0];
-  g.sC = xs.s[1];
-  g.dN = ys.s[0];
-  g.dC = ys.s[1];
-  g.wC = ws.s[0];
-  g.act = static_cast<int>(p.activation[0]);
-  g.has_bias = static_cast<int>(p.has_bias[0]);
-  return RunDw(g, in, out, x, w, bias, y, s);
-}
-
-cudaError_t DepthwiseDgrad(const ConvParams& p, DType in, DType out, const void* dy, const void* w, void* dx,
-                           cudaStream_t s) {
-  bool launched = false;
-  if (const cudaError_t e = DepthwiseTmaDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
-    return e;
-  }
-  if (const cudaError_t e = DepthwiseMmaDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
-    return e;
-  }
-  if (const cudaError_t e = DepthwiseRegDgrad(p, in, out, dy, w, dx, s, &launched); e != cudaSuccess || launched) {
-    return e;
-  }
-  const Strides5 xs = XStrides(p), ys = YStrides(p), ws = WStrides(p);
-  DwArgs g{};
-  g.n = p.n[0];
-  g.c = p.c[0];
-  g.cl = p.layout[0] == kChannelsLast;
-  for (int d = 0; d < 3; ++d) {
-    g.tsp[d] = p.in[d];
-    g.taps[d] = p.win[d];
-    g.alpha[d] = p.lhs_dil[d];
-    g.beta[d] = p.pad_lo[d];
-    g.gamma[d] = -p.rhs_dil[d];
-    g.delta[d] = p.stride[d];
-    g.lim[d] = p.out[d];
-    g.sS[d] = ys.s[2 + d];
-    g.dS[d] = xs.s[2 + d];
-    g.wF[d] = ws.s[2 + d];
-  }
-  g.sN = ys.s[0];
-  g.sC = ys.s[1];
-  g.dN = xs.s[0];
-  g.dC = xs.s[1];
-  g.wC = ws.s[0];
-  g.act = kActNone;
-  g.has_bias = 0;
-  return RunDw(g, in, out, dy, w, nullptr, dx, s);
-}
-
-int64_t DepthwiseWgradSplits(const ConvParams& p, DType in) {
-  // The kernels DepthwiseWgrad tries first, in its order (0: not taken).
-  for (auto* first : {DepthwiseMmaWgradSplits, DepthwiseRegWgradSplits}) {
-    if (const int64_t splits = first(p, in); splits > 0) return splits;
-  }
+size_t VecWgradWorkspace(const ConvParams& p, DType in) {
   const VecWgradPlan pl = PlanVecWgrad(p, in);
-  if (pl.ok) return pl.splits;  // also what the older kernel gets if the pointers turn out misaligned
-  const DwWgradArgs g = MakeDwWgradArgs(p);
-  const int64_t base = g.ctiles * g.ntaps;
-  if (base <= 0 || g.rtotal <= 0) return 1;
-  const int64_t lanes = g.cl ? 8 : 256;
-  int64_t splits = CeilDiv(2 * kPlanSms, base);
-  splits = std::min<int64_t>(splits, g.rtotal / (lanes * 32));  // >= 32 positions per lane per split
-  splits = std::min<int64_t>(splits, 1024);
-  const int64_t per = g.welems * static_cast<int64_t>(AccBytes(in));
-  if (per > 0) splits = std::min<int64_t>(splits, (int64_t(1) << 29) / per);
-  return splits < 2 ? 1 : splits;
+  return pl.ok && pl.splits > 1 ? static_cast<size_t>(pl.splits) * WElements(p) * AccBytes(in) : 0;
 }
 
-cudaError_t DepthwiseWgrad(const ConvParams& p, DType in, DType out, const void* x, const void* dy, void* dw, void* scratch,
-                           int64_t splits, cudaStream_t s) {
-  if (WElements(p) <= 0) return cudaSuccess;
-  splits = splits < 1 ? 1 : splits;
-  for (auto* first : {DepthwiseMmaWgrad, DepthwiseRegWgrad}) {
-    bool launched = false;
-    const cudaError_t e = first(p, in, out, x, dy, dw, scratch, splits, s, &launched);
-    if (e != cudaSuccess || launched) return e;
-  }
-  {
-    bool ran = false;
-    cudaError_t e = cudaSuccess;
-#define JAXCONV_BODY(T, TO) e = TryDwVecWgrad<T, TO>(p, in, x, dy, dw, scratch, splits, s, &ran)
-    JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
-#undef JAXCONV_BODY
-    if (e != cudaSuccess) return e;
-    if (ran) return splits > 1 ? ReduceSplits(in, out, scratch, splits, WElements(p), dw, s) : cudaSuccess;
-  }
-  DwWgradArgs g = MakeDwWgradArgs(p);
-  g.splits = splits;
-  g.per_split = std::max<int64_t>(1, CeilDiv(g.rtotal, g.splits));
-  g.blocks = g.ctiles * g.ntaps * g.splits;
-#define JAXCONV_BODY(T, TO)                                                                                    \
-  DwWgradKernel<T, TO><<<GridX(g.blocks), kThreads, 0, s>>>(g, static_cast<const T*>(x), static_cast<const T*>(dy), \
-                                                            static_cast<TO*>(dw),                               \
-                                                            static_cast<typename AccOf<T>::type*>(scratch));    \
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  JAXCONV_DTYPE_SWITCH(in, out, JAXCONV_BODY);
-#undef JAXCONV_BODY
-  if (g.splits > 1) return ReduceSplits(in, out, scratch, g.splits, g.welems, dw, s);
-  return cudaSuccess;
-}
-
+}  // namespace
 }  // namespace cuda
+
+namespace variants::depthwise_vec {
+
+std::string Applies(const Problem& pr) {
+  if (!DepthwiseApplies(pr.p)) return "it takes depthwise convolutions (groups == c == k, batch_groups == 1)";
+  if (pr.op == Op::kWgrad) {
+    return cuda::PlanVecWgrad(pr.p, pr.in).ok
+               ? std::string()
+               : "it takes channels-last layouts, c a multiple of one 16-byte vector and no lhs dilation";
+  }
+  cuda::VecLaunch v;
+  return cuda::PlanVec(pr.p, pr.op, pr.in, &v);
+}
+
+size_t Workspace(const Problem& pr) { return pr.op == Op::kWgrad ? cuda::VecWgradWorkspace(pr.p, pr.in) : 0; }
+
+cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
+  if (pr.op == Op::kWgrad) {
+    const cuda::VecWgradPlan pl = cuda::PlanVecWgrad(pr.p, pr.in);
+    if (!pl.ok) return cudaErrorNotSupported;
+    if (!cuda::Aligned16(b.a) || !cuda::Aligned16(b.b) || !cuda::Aligned16(b.out)) return cudaErrorMisalignedAddress;
+    if (pl.splits > 1 && (b.ws == nullptr || b.ws_bytes < Workspace(pr))) return cudaErrorInvalidValue;
+    cudaError_t e = cudaSuccess;
+#define JAXCONV_BODY(T, TO) e = cuda::RunVecWgrad<T, TO>(pr.p, pl, b.a, b.b, b.out, b.ws, s)
+    JAXCONV_DTYPE_SWITCH(pr.in, pr.out, JAXCONV_BODY);
+#undef JAXCONV_BODY
+    if (e != cudaSuccess || pl.splits <= 1) return e;
+    return cuda::ReduceSplits(pr.in, pr.out, b.ws, pl.splits, WElements(pr.p), b.out, s);
+  }
+  cuda::VecLaunch v;
+  if (!cuda::PlanVec(pr.p, pr.op, pr.in, &v).empty()) return cudaErrorNotSupported;
+  if (!cuda::Aligned16(b.a) || !cuda::Aligned16(b.b) || !cuda::Aligned16(b.out)) return cudaErrorMisalignedAddress;
+  const void* bias = pr.op == Op::kFwd ? b.bias : nullptr;
+#define JAXCONV_BODY(T, TO) return cuda::RunVec<T, TO>(v, b.a, b.b, bias, b.out, s)
+  JAXCONV_DTYPE_SWITCH(pr.in, pr.out, JAXCONV_BODY);
+#undef JAXCONV_BODY
+}
+
+}  // namespace variants::depthwise_vec
 }  // namespace jaxconv
