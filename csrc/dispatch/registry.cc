@@ -22,6 +22,14 @@ namespace jaxconv {
 namespace variants::implicit_gemm_sm90 {
 std::string Prefer(const Problem&);
 }
+
+// XLA's own convolution: the lowering emits it instead of a custom call (jaxconv/primitives/lowering.py), so the
+// handler never launches it.
+namespace variants::xla_conv {
+std::string Applies(const Problem&) { return {}; }
+size_t Workspace(const Problem&) { return 0; }
+cudaError_t Launch(const Problem&, const Buffers&, cudaStream_t) { return cudaErrorNotSupported; }
+}  // namespace variants::xla_conv
 #endif
 
 namespace {
@@ -44,7 +52,8 @@ const Variant kTable[] = {
 constexpr int kNumVariants = static_cast<int>(sizeof(kTable) / sizeof(kTable[0]));
 
 // Family selectors, in the codes older programs use (1-based).
-const char* const kFamilies[] = {"direct", "depthwise", "long1d", "small", "implicit_gemm", "implicit_gemm_sm80"};
+const char* const kFamilies[] = {"direct", "depthwise", "long1d", "small", "implicit_gemm", "implicit_gemm_sm80",
+                                 "xla"};
 constexpr int kNumFamilies = static_cast<int>(sizeof(kFamilies) / sizeof(kFamilies[0]));
 
 bool FamilySelects(const char* family, const Variant& v) {
@@ -83,6 +92,8 @@ std::string RequestName(int64_t request) {
   return {};
 }
 
+bool LoweredByXla(int i) { return i >= 0 && i < kNumVariants && std::strcmp(kTable[i].family, "xla") == 0; }
+
 bool Selects(int64_t request, int i) {
   if (i < 0 || i >= kNumVariants) return false;
   if (request == kRequestAuto) return true;
@@ -108,10 +119,10 @@ std::string VariantError(int i, const Problem& pr) {
   return v.applies(pr);
 }
 
-int Resolve(const Problem& pr, int64_t request, std::string* why, size_t max_ws) {
+int Resolve(const Problem& pr, int64_t request, std::string* why, size_t max_ws, bool launchable) {
   std::string reasons;
   for (int i = 0; i < kNumVariants; ++i) {
-    if (!Selects(request, i)) continue;
+    if (!Selects(request, i) || (launchable && LoweredByXla(i))) continue;
     const Variant& v = kTable[i];
     std::string r = VariantError(i, pr);
     if (r.empty() && request == kRequestAuto && v.prefer != nullptr) r = v.prefer(pr);

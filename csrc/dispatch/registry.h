@@ -31,15 +31,18 @@ std::string RequestName(int64_t request);
 bool Selects(int64_t request, int i);
 // Whether the build has the kernels (and so the predicates); builds without CUDA keep only the metadata.
 bool HasKernels();
+// Whether variant i is XLA's own convolution, which the lowering emits in place of a custom call.
+bool LoweredByXla(int i);
 
 // Why variant i cannot run the problem: the op or dtype it does not implement, or its predicate's reason; "" when
 // it can.
 std::string VariantError(int i, const Problem& pr);
 
 // The variant that runs the problem for `request`: the first selected variant (in table order) that applies, that
-// auto does not pass over (its cost rule; auto only), and whose workspace is at most max_ws bytes. -1 when none,
-// with *why saying why each selected variant was passed over.
-int Resolve(const Problem& pr, int64_t request, std::string* why, size_t max_ws = SIZE_MAX);
+// auto does not pass over (its cost rule; auto only), and whose workspace is at most max_ws bytes; with launchable,
+// one the handler can launch (not XLA's convolution). -1 when none, with *why saying why each selected variant was
+// passed over.
+int Resolve(const Problem& pr, int64_t request, std::string* why, size_t max_ws = SIZE_MAX, bool launchable = false);
 
 // The selected variants that apply, in table order, ignoring cost rules: autotune's candidates.
 std::vector<int> Candidates(const Problem& pr, int64_t request);

@@ -33,13 +33,13 @@ ffi::Error PickVariant(Op op, const Problem& pr, size_t ws_bytes, int* index) {
                                        std::to_string(request));
   }
   const int chosen = static_cast<int>(pr.p.variant[0]);
-  if (chosen >= 0 && chosen < NumVariants() && Selects(request, chosen) && VariantError(chosen, pr).empty() &&
-      VariantAt(chosen).workspace(pr) <= ws_bytes) {
+  if (chosen >= 0 && chosen < NumVariants() && !LoweredByXla(chosen) && Selects(request, chosen) &&
+      VariantError(chosen, pr).empty() && VariantAt(chosen).workspace(pr) <= ws_bytes) {
     *index = chosen;
     return ffi::Error::Success();
   }
   std::string why;
-  *index = Resolve(pr, request, &why, ws_bytes);
+  *index = Resolve(pr, request, &why, ws_bytes, /*launchable=*/true);
   if (*index < 0) return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": " + why);
   return ffi::Error::Success();
 }
