@@ -258,3 +258,24 @@ def test_replay_command_and_config_carry_the_full_call():
   assert (again.stride, again.padding, again.dilation, again.groups) == (case.stride, case.padding, case.dilation,
                                                                          case.groups)
   assert sweep_run.DEFAULT_DTYPES == ("bfloat16", "float32")
+
+
+@pytest.mark.parametrize("on_host", [True, False])
+def test_input_sets_are_random_normal_distinct_and_reproducible(on_host, monkeypatch):
+  """Both ways of making inputs (numpy for small sets, a jitted generator for large ones) give the shapes and dtypes
+  of the case, normal data (never zeros), distinct sets, and the same data again for the same seed."""
+  if not on_host:
+    monkeypatch.setattr(sweep_timing, "HOST_GEN_LIMIT", 0)
+  case = sweep.draw_case(0, 2, "tiny")
+  make = lambda seed: sweep_timing.InputSets(case, ("bfloat16", "float32"), 3, data_seed=seed)
+  assert make(1).on_host == on_host
+  sets = make(1).get()
+  for dt in ("bfloat16", "float32"):
+    assert len(sets[dt]) == 3
+    for s in sets[dt]:
+      assert [a.shape for a in s] == [tuple(v) for v in case.shapes()] and all(a.dtype == dt for a in s)
+    x = [np.asarray(s[0], np.float32) for s in sets[dt]]
+    assert 0.9 < np.std(x[0]) < 1.1 and abs(np.mean(x[0])) < 0.1
+    assert not np.array_equal(x[0], x[1]) and not np.array_equal(x[1], x[2])
+  np.testing.assert_array_equal(np.asarray(make(1).get()["float32"][2][1]), np.asarray(sets["float32"][2][1]))
+  assert not np.array_equal(np.asarray(make(2).get()["float32"][0][0]), x[0])

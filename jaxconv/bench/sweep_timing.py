@@ -40,15 +40,15 @@ def nsets_for(case) -> int:
 
 class InputSets:
     """nsets (x, w, dy) sets per dtype: normal random data (w scaled by 1/sqrt(fan-in)), one float32 draw shared
-    by the dtypes. prepare() does the host's part (numpy draws and transfers for small sets; the generator's
-    compilation for large ones) and may run beside lax's compilations; get() returns {dtype: [(x, w, dy)] * nsets}
-    on the default device."""
+    by the dtypes. prepare() does the host's part (numpy draws for small sets; the generator's compilation for
+    large ones) and touches no device, so it may run beside lax's autotuning; get() returns
+    {dtype: [(x, w, dy)] * nsets} on the default device."""
 
     def __init__(self, case, dtypes, nsets, data_seed=0):
         self.shapes = tuple(tuple(s) for s in case.shapes())
         self.ws, self.dtypes, self.nsets, self.seed = _w_scale(case), tuple(dtypes), nsets, abs(int(data_seed))
         self.on_host = nsets * sum(math.prod(s) for s in self.shapes) * 4 <= HOST_GEN_LIMIT
-        self._sets, self._gen = None, None
+        self._host, self._gen = None, None
 
     def prepare(self):
         import jax
@@ -59,7 +59,7 @@ class InputSets:
             f32 = [(rng.standard_normal(self.shapes[0], dtype=np.float32),
                     rng.standard_normal(self.shapes[1], dtype=np.float32) * np.float32(self.ws),
                     rng.standard_normal(self.shapes[2], dtype=np.float32)) for _ in range(self.nsets)]
-            self._sets = {dt: [tuple(jax.device_put(a.astype(d)) for a in s) for s in f32] for dt, d in dts.items()}
+            self._host = {dt: [tuple(a.astype(d) for a in s) for s in f32] for dt, d in dts.items()}
             return
         shapes, ws, nsets = self.shapes, self.ws, self.nsets
 
@@ -77,14 +77,14 @@ class InputSets:
 
     def get(self) -> dict:
         import jax
-        if self._sets is None:
-            if self._gen is None:
-                self.prepare()
-            if self._sets is None:
-                out = self._gen(jax.random.key(self.seed))
-                self._sets = {dt: [tuple(s) for s in out[dt]] for dt in self.dtypes}
-            jax.block_until_ready(self._sets)
-        return self._sets
+        if self._host is None and self._gen is None:
+            self.prepare()
+        if self._host is not None:
+            sets = {dt: [tuple(jax.device_put(a) for a in s) for s in v] for dt, v in self._host.items()}
+        else:
+            out = self._gen(jax.random.key(self.seed))
+            sets = {dt: [tuple(s) for s in out[dt]] for dt in self.dtypes}
+        return jax.block_until_ready(sets)
 
 
 class _Program:
