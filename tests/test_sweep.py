@@ -162,6 +162,7 @@ def test_a_tiny_sweep_runs_end_to_end_on_the_cpu(tmp_path):
     assert cfg["x_shape"] == list(drawn.shapes()[0]) and cfg["lax_args"]["feature_group_count"] == drawn.groups
     assert [(m["dtype"], m["op"]) for m in case["measurements"]] == [("bfloat16", "fwd+bwd"), ("float32", "fwd+bwd")]
     for m in case["measurements"]:
+      assert m["precision"] == "DEFAULT"
       lx, jc = m["impls"]["lax"]["time_s"], m["impls"]["jaxconv"]["time_s"]
       assert lx > 0 and jc > 0 and m["ratio"] == pytest.approx(lx / jc)
       assert len(m["impls"]["lax"]["samples_s"]) == m["repeats"] == 3

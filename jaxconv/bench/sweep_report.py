@@ -39,7 +39,8 @@ def slope_command(case, dtype, op) -> str:
 
 
 def config_json(case) -> dict:
-    """Everything needed to rebuild the call: the case's fields and lax's own arguments."""
+    """Everything needed to rebuild the call but the dtype and precision (each measurement's): the case's fields
+    and lax's own arguments."""
     from .harness import conv_kwargs
     kw = conv_kwargs(case, "float32")
     x, w, y = case.shapes()
@@ -50,7 +51,7 @@ def config_json(case) -> dict:
                               lhs_dilation=list(kw["lhs_dilation"]), rhs_dilation=list(kw["rhs_dilation"]),
                               dimension_numbers=list(kw["dimension_numbers"]),
                               feature_group_count=kw["feature_group_count"],
-                              batch_group_count=kw["batch_group_count"], precision="DEFAULT"),
+                              batch_group_count=kw["batch_group_count"]),
                 fwd_flops=case.flops("fwd"), fwdbwd_f32_bytes=_sweep.fwdbwd_bytes(case))
 
 
@@ -132,7 +133,8 @@ def write_markdown(path, meta, records, summary, recheck):
              + f"; dtypes {', '.join(meta['dtypes'])}; ops {', '.join(meta['ops'])}.")
     L.append(f"- elapsed {meta.get('elapsed_s', 0):.0f} s: drawing {meta.get('draw_s', 0):.1f} s, compiling "
              f"{meta.get('compile_s', 0):.0f} s (inputs drawn meanwhile), inputs on the device "
-             f"{meta.get('inputs_s', 0):.0f} s, timing {meta.get('timing_s', 0):.0f} s; budget {meta.get('budget_s')} s.")
+             f"{meta.get('inputs_s', 0):.0f} s, timing {meta.get('timing_s', 0):.0f} s; budget "
+             f"{meta.get('budget_s')} s.")
     skipped = meta.get("skipped_indices") or []
     if skipped:
         L.append(f"- **{len(skipped)} of {meta['n_cases']} cases not measured: the budget ran out** "

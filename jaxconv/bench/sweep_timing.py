@@ -90,9 +90,9 @@ class InputSets:
 class _Program:
     """One compiled, marked function of (impl, dtype, op) and its timer."""
 
-    def __init__(self, impl, dtype, op, timer, lowered):
-        self.impl, self.dtype, self.op, self.timer, self.lowered = impl, dtype, op, timer, lowered
-        self.compiled, self.error, self.compile_s = None, None, 0.0
+    def __init__(self, impl, dtype, op, timer):
+        self.impl, self.dtype, self.op, self.timer = impl, dtype, op, timer
+        self.lowered, self.compiled, self.error, self.compile_s = None, None, None, 0.0
 
     def compile(self, options):
         t0 = time.perf_counter()
@@ -126,7 +126,7 @@ def compile_case(case, dtypes, ops, nsets, impls=("lax", "jaxconv"), compiler_op
             for impl in impls:
                 timer = stream_timer.StreamTimer()
                 name = re.sub(r"[^a-z0-9_]", "", f"{tag}_{impl}_{dt}_{op}".replace("+", "_").replace("-", "_"))
-                p = _Program(impl, dt, op, timer, None)
+                p = _Program(impl, dt, op, timer)
                 try:
                     fn = batched(make_op(_impl_fn(impl), case, dt, op), nsets, name)
                     p.lowered = jax.jit(timer.wrap(fn)).lower(abstract)
@@ -182,7 +182,7 @@ def _hlo_flags(prog, nsets):
 def time_programs(progs, dtype, op, sets, impls=("lax", "jaxconv"), repeats=5, min_repeats=3, round_budget_s=2.0):
     """Times one (dtype, op) of a compiled case. Returns the measurement dict (see sweep_report.py)."""
     nsets = len(sets)
-    m = dict(dtype=dtype, op=op, nsets=nsets, impls={})
+    m = dict(dtype=dtype, precision=_cases.dtype_info(dtype)[1] or "DEFAULT", op=op, nsets=nsets, impls={})
     live = []
     for impl in impls:
         p = progs[(impl, dtype, op)]
