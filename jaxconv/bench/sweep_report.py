@@ -187,6 +187,7 @@ def write_plot(path, meta, records, dtypes, ops):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     fig, (ax, hx) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -218,6 +219,8 @@ def write_plot(path, meta, records, dtypes, ops):
     ax.text(0.01, 0.9, " 0.9", color="r", fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
+    ax.set_xlim(0.0, 1.0)
+    hx.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     hx.set_xlabel("lax time / jaxconv time")
     hx.set_ylabel("measurements")
     hx.legend(fontsize=7)
