@@ -22,7 +22,18 @@ dtypes: bfloat16, float16, float32 (lax DEFAULT precision: TF32 on GPU), float32
   float64.  ops: fwd, dgrad, wgrad, fwdbwd (= fwd+bwd: forward and both gradients).
 --ops / --dtypes, when given, replace the lists of every selected case.
 
+sweep mode (--sweep N --seed S): N random realistic convolutions drawn from the distribution in docs/sweep.md
+  (python -m jaxconv.bench.sweep prints it), each timed fwd+bwd (or --ops) in bfloat16 and float32 (or --dtypes)
+  against lax with a cheap device-time method: in-stream marks around one jitted call over 1-4 input sets, one
+  compile per side, median of --repeats rounds (default 5). --budget is then the whole run's seconds (default 400;
+  no case starts after it, the rest are reported as not measured). Sizes: --sweep-scale full (default on a GPU) or
+  tiny (default on the CPU). Writes results.json, results.md (min, p10, median, geomean of lax/jaxconv per dtype
+  and op, the 10 lowest with replay commands, failures) and sweep.png under --out.
+
 examples:
+  python -m jaxconv.bench --sweep 150 --seed 0 --out /tmp/sweep   # both dtypes, fwd+bwd; < 8 min on an H200
+  python -m jaxconv.bench --sweep-case 17 --seed 0 --dtypes float32 --ops fwd,dgrad,wgrad   # one case again
+  python -m jaxconv.bench --sweep 20 --seed 3 --list            # the drawn cases, no timing
   python -m jaxconv.bench --quick                               # tiny built-in cases, < 2 min on a laptop CPU
   python -m jaxconv.bench --filter 'resnet50_res4|msd' --dtypes bfloat16 --ops fwd,fwdbwd --out /tmp/b
   python -m jaxconv.bench --case 32:14x14:256->256:3x3:p1 --case seed_msd_1to1_3x3_4096 --out /tmp/b
@@ -46,7 +57,8 @@ def build_parser():
     p.add_argument("--impls", default="jaxconv,lax", help="implementations to time (default jaxconv,lax)")
     p.add_argument("--ts", help="T values (default 1,2,4,8,16; --quick 1,2,4)")
     p.add_argument("--repeats", type=int, help="samples per T (default 10; --quick 5); reduced to fit --budget")
-    p.add_argument("--budget", type=float, help="seconds of timing per (case, dtype, op) (default 20; --quick 1.5)")
+    p.add_argument("--budget", type=float, help="seconds of timing per (case, dtype, op) (default 20; --quick 1.5); "
+                                                "with --sweep: seconds for the whole run (default 400)")
     p.add_argument("--profile", choices=("auto", "always", "never", "first"),
                    help="jax.profiler cross-check: auto = only for poor fits (default), always, never, "
                         "first = the first measurement plus poor fits (--quick default)")
@@ -61,7 +73,15 @@ def build_parser():
     p.add_argument("--jaxconv-tensor-cores", action="store_true",
                    help="jaxconv's kernels use tensor cores: its own floor uses the best path's peak")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="input data seed; with --sweep: the seed of the drawn cases")
+    p.add_argument("--sweep", type=int, metavar="N", help="random sweep: draw N cases from the seed (see below)")
+    p.add_argument("--sweep-case", metavar="I[,J...]",
+                   help="measure only these case indices of the seed's sweep (replays one case of a sweep)")
+    p.add_argument("--sweep-scale", metavar="{full,tiny}",
+                   help="case sizes: full (default on a GPU) or tiny (default on the CPU)")
+    p.add_argument("--sweep-recheck", type=int, metavar="K",
+                   help="re-time the K lowest ratios after the sweep, compiled again (default 5, or one per 10 "
+                        "cases in smaller sweeps; 0: none)")
     p.add_argument("--list", action="store_true", help="list the selected cases (compact form) and exit")
     return p
 
@@ -97,8 +117,58 @@ def select_cases(args):
     return sel, suite_path
 
 
+def _check_sweep_args(parser, args):
+    """Rejects flags the sweep mode does not take and malformed values, with argparse's usage message."""
+    if args.sweep is not None and args.sweep_case is not None:
+        parser.error("--sweep and --sweep-case are exclusive: --sweep N draws cases 0..N-1, --sweep-case picks some")
+    if args.sweep is not None and args.sweep < 1:
+        parser.error(f"--sweep N needs N >= 1, got {args.sweep}")
+    if args.sweep_case is not None:
+        try:
+            idx = [int(v) for v in args.sweep_case.split(",") if v.strip()]
+        except ValueError:
+            parser.error(f"--sweep-case takes case indices like 17 or 3,17,40, got {args.sweep_case!r}")
+        if not idx or min(idx) < 0:
+            parser.error(f"--sweep-case takes non-negative case indices, got {args.sweep_case!r}")
+        args.sweep_case = idx
+    from .sweep import SCALES
+    if args.sweep_scale is not None and args.sweep_scale not in SCALES:
+        parser.error(f"--sweep-scale must be one of {', '.join(SCALES)}, got {args.sweep_scale!r}")
+    clash = [flag for flag, on in (("--case", args.case), ("--suite", args.suite), ("--filter", args.filter),
+                                   ("--quick", args.quick), ("--torch", args.torch), ("--ts", args.ts),
+                                   ("--profile", args.profile), ("--jaxconv-tensor-cores", args.jaxconv_tensor_cores),
+                                   ("--impls", args.impls != "jaxconv,lax")) if on]
+    if clash:
+        parser.error(f"{', '.join(clash)} cannot be combined with --sweep/--sweep-case (the sweep draws its own "
+                     "cases and times lax against jaxconv)")
+    for name, v, lo in (("--budget", args.budget, 0.0), ("--repeats", args.repeats, 1),
+                        ("--sweep-recheck", args.sweep_recheck, 0)):
+        if v is not None and not v >= lo:
+            parser.error(f"{name} must be >= {lo}, got {v}")
+    for flag, v in (("--dtypes", args.dtypes), ("--ops", args.ops)):
+        if v is not None and not v.replace(",", "").strip():
+            parser.error(f"{flag} is empty")
+    try:
+        for d in (args.dtypes or "").split(","):
+            if d.strip():
+                _cases.canon_dtype(d)
+        for o in (args.ops or "").split(","):
+            if o.strip():
+                _cases.canon_op(o)
+    except ValueError as e:
+        parser.error(str(e))
+
+
 def run(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.sweep is not None or args.sweep_case is not None:
+        _check_sweep_args(parser, args)
+        from . import sweep_run
+        return sweep_run.run(args, argv)
+    for flag in ("sweep_scale", "sweep_recheck"):
+        if getattr(args, flag) is not None:
+            parser.error(f"--{flag.replace('_', '-')} needs --sweep or --sweep-case")
     cases, suite_path = select_cases(args)
     if args.list:
         for c in cases:

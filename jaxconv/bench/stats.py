@@ -139,3 +139,27 @@ def fit_samples(samples: dict, conf: float = 0.90, min_r2: float = 0.9, max_rel_
     fit.update(dropped=dropped, flags=flags, ok=not flags, min_fit=mins,
                per_t_median={str(t): _median(kept[t]) for t in ts}, per_t_min={str(t): min(kept[t]) for t in ts})
     return fit
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between order statistics (rank q/100 * (n-1))."""
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def ratio_summary(ratios: Sequence[float]) -> dict:
+    """Summary of positive ratios (lax time / jaxconv time): n, min, p10, median, geomean, max and the counts under
+    0.7, under 0.9 and at least 1."""
+    v = [float(r) for r in ratios]
+    if any(not (r > 0 and math.isfinite(r)) for r in v):
+        raise ValueError("ratio_summary: ratios must be positive and finite")
+    if not v:
+        return dict(n=0)
+    return dict(n=len(v), min=min(v), p10=percentile(v, 10), median=percentile(v, 50),
+                geomean=math.exp(sum(math.log(r) for r in v) / len(v)), max=max(v),
+                below_0_7=sum(r < 0.7 for r in v), below_0_9=sum(r < 0.9 for r in v), at_least_1=sum(r >= 1 for r in v))
