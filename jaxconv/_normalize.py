@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from jaxconv import registry
-from jaxconv.spec import ACTIVATIONS, CHANNELS_FIRST, CHANNELS_LAST, ConvSpec
+from jaxconv.spec import ACTIVATIONS, CHANNELS_LAST, ConvSpec
 
 _SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.bfloat16, jnp.float16))
 
@@ -207,15 +207,13 @@ def plan(lhs, rhs, bias=None, *, window_strides, padding, lhs_dilation=None, rhs
     if not jnp.issubdtype(bias.dtype, jnp.floating):
       raise TypeError(f"{fn}: bias must be floating point, got {bias.dtype}")
 
-  # Native layout: NCHW-style lhs stays channels-first, everything else goes channels-last. Transposes of
-  # other permutations are left to XLA (they fuse with neighbouring ops).
-  layout = CHANNELS_FIRST if tuple(lhs_spec) == tuple(range(lhs.ndim)) else CHANNELS_LAST
-  if layout == CHANNELS_LAST:
-    x_perm = (lhs_spec[0], *lhs_spec[2:], lhs_spec[1])
-    w_perm = (*rhs_spec[2:], rhs_spec[1], rhs_spec[0])
-    y_logical = (0, *range(2, lhs.ndim), 1)  # native y axis -> logical (0 batch, 1 feature, 2.. spatial)
-  else:
-    x_perm, w_perm, y_logical = tuple(lhs_spec), tuple(rhs_spec), tuple(range(lhs.ndim))
+  # Every layout runs channels-last, where the fast kernels are (tensor cores read channel vectors): XLA transposes
+  # other layouts around the call, as it does for lax's own convolutions on the GPU, and fuses the transposes with
+  # neighbouring ops where it can.
+  layout = CHANNELS_LAST
+  x_perm = (lhs_spec[0], *lhs_spec[2:], lhs_spec[1])
+  w_perm = (*rhs_spec[2:], rhs_spec[1], rhs_spec[0])
+  y_logical = (0, *range(2, lhs.ndim), 1)  # native y axis -> logical (0 batch, 1 feature, 2.. spatial)
   spec = ConvSpec(layout=layout, in_spatial=in_spatial, window=window, strides=strides, padding=pads,
                   lhs_dilation=lhs_dil, rhs_dilation=rhs_dil, feature_groups=g, batch_groups=b,
                   precision=prec, activation=activation, has_bias=bias is not None, algorithm=algorithm,
