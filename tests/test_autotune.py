@@ -1,10 +1,11 @@
-"""Algorithm registry and autotuning (jaxconv/algorithms.py).
+"""Autotuning (jaxconv/tuning/): candidates, the cache, the mode, and cached variants in lowered programs.
 
-CPU-runnable: the registry against the native predicates, the cache (keys, location, atomic store, merge,
-corrupt files), the mode switch, and, lowered for CUDA with jax.export on any machine when the extension has
-CUDA, that a cached choice reaches the params of each op's custom call (fwd, dgrad and wgrad independently)
-while mode 'off', forced algorithms and the CPU lowering ignore the cache. GPU tests (skipped cleanly without
-CUDA) time real candidates and check the tuned programs against lax at HIGHEST in float64.
+CPU-runnable: the candidates against forced requests (CUDA builds: the predicates run on the host), the cache
+(keys, location, atomic store, merge, unreadable files and entries), the mode switch, and, lowered for CUDA with
+jax.export on any machine when the extension has CUDA, that a cached variant reaches the params of each op's custom
+call (fwd, dgrad and wgrad independently) while mode 'off', forced requests and the CPU lowering ignore the cache.
+GPU tests (skipped cleanly without CUDA) time real candidates and check the tuned programs against lax at HIGHEST
+in float64.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from jax import export
 
 import conv_utils as cu
 import jaxconv
-from jaxconv import _native
+from jaxconv import _native, registry
 from jaxconv import algorithms as alg
-from jaxconv.spec import ALGORITHMS as ENUM
+from jaxconv.tuning import cache as cache_mod
 
 TARGETS = ("jaxconv_fwd", "jaxconv_dgrad", "jaxconv_wgrad")
 CHECKS = [export.DisabledSafetyCheck.custom_call(t) for t in TARGETS]
@@ -38,14 +39,10 @@ needs_cuda_build = pytest.mark.skipif(not jaxconv.build_info()["cuda"],
                                       reason="lowering for CUDA needs a CUDA build of jaxconv")
 
 
-def _algorithm_offset():
-  """Position of the algorithm field in the packed params, from the extension's field list."""
-  pos = 0
-  for name, count in _native.param_fields():
-    if name == "algorithm":
-      return pos
-    pos += count
-  raise AssertionError("no algorithm field")
+def _variant_of(values):
+  """The name of the variant a custom call's packed params name (or "handler" when the lowering chose none)."""
+  index = values[_native.param_offset("variant")]
+  return registry.variant_names()[index] if index >= 0 else "handler"
 
 
 @pytest.fixture
@@ -53,14 +50,14 @@ def cache(tmp_path, monkeypatch):
   """An empty cache directory of the test's own, mode 'off' on entry, the mode restored on exit."""
   monkeypatch.setenv("JAXCONV_CACHE_DIR", str(tmp_path / "cache"))
   previous = jaxconv.set_autotune("off")
-  yield tmp_path / "cache" / alg.CACHE_FILE
+  yield tmp_path / "cache" / cache_mod.CACHE_FILE
   jaxconv.set_autotune(previous)
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
   """Lowering for CUDA keys the cache on this device_kind (the machine may have no GPU)."""
-  monkeypatch.setattr(alg, "_gpu_kind", lambda: FAKE_KIND)
+  monkeypatch.setattr(cache_mod, "gpu_kind", lambda: FAKE_KIND)
   return FAKE_KIND
 
 
@@ -68,14 +65,14 @@ def _sds(shape, dtype=jnp.float32):
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-# ---- the registry ----------------------------------------------------------------------------------------
+# ---- the names algorithm= takes -------------------------------------------------------------------------
 
-def test_registry_follows_the_native_enum_and_describes_every_algorithm():
-  assert tuple(alg.ALGORITHMS) == ENUM
-  assert alg.names() == ENUM[1:] and "auto" not in alg.names()
+def test_every_name_is_described_and_auto_comes_first():
+  assert list(alg.ALGORITHMS)[0] == "auto"
+  assert set(alg.ALGORITHMS) == {"auto", *registry.families(), *registry.variant_names()}
+  assert alg.names() == registry.families() + registry.variant_names() and "auto" not in alg.names()
   for name, text in alg.ALGORITHMS.items():
-    assert text and text != "(no description)" and "\n" not in text, name
-  assert alg.heuristic("fwd", None) == "auto"
+    assert text and "\n" not in text, name
 
 
 # (conv function, x shape, w shape, dtype, kwargs of conv1d/conv2d)
@@ -91,6 +88,7 @@ FORCED_CASES = [
 
 
 def _forced_fwd_accepted(conv, x, w, kw):
+  """The names a forced forward accepts at trace time (the forward's predicates on the default GPU)."""
   accepted = set()
   for name in alg.names():
     try:
@@ -113,22 +111,29 @@ def _cgd_kwargs(x_shape, kw):
               feature_group_count=kw.get("groups", 1))
 
 
-def test_candidates_are_the_algorithms_a_forced_call_accepts():
+@pytest.mark.kernels
+def test_candidates_are_the_variants_a_forced_call_accepts():
   sizes, rejected = [], 0
   for conv, xs, ws, dtype, kw in FORCED_CASES:
     with cu.enable_x64():
       x, w = _sds(xs, dtype), _sds(ws, dtype)
       problem = alg.problems(x, w, **_cgd_kwargs(xs, kw))["fwd"]
       accepted = _forced_fwd_accepted(conv, x, w, kw)
-      assert set(problem.candidates()) == accepted, (xs, ws, dtype, kw)
-    assert "direct" in accepted
-    assert list(problem.candidates()) == [n for n in alg.names() if n in accepted]  # registry order
-    sizes.append(len(accepted))
-    rejected += len(alg.names()) - len(accepted)
+      cands = problem.candidates()
+      assert set(cands) == accepted & set(registry.variant_names()), (xs, ws, dtype, kw)
+      # A family is accepted exactly when one of its variants is.
+      families = {v.family for v in registry.variants() if v.name in cands}
+      families |= {v.also for v in registry.variants() if v.name in cands and v.also}
+      assert accepted & set(registry.families()) == families, (xs, ws, dtype, kw)
+    assert "direct.gemm" in cands and "xla.conv" in cands
+    assert list(cands) == [n for n in registry.variant_names() if n in accepted]  # registry order
+    sizes.append(len(cands))
+    rejected += len(registry.variant_names()) - len(cands)
   # The cases exercise both answers of the predicates.
-  assert max(sizes) >= 3 and rejected > 0, sizes
+  assert max(sizes) >= 4 and rejected > 0, sizes
 
 
+@pytest.mark.kernels
 def test_candidates_of_the_gradients_use_their_own_dtypes():
   """bf16 inputs with an f32 result: the forward writes f32 from bf16 operands (no tensor-core path: that
   needs the result in the operand type); the gradients run on f32 operands and results (tensor cores apply)."""
@@ -139,15 +144,15 @@ def test_candidates_of_the_gradients_use_their_own_dtypes():
   for op in ("dgrad", "wgrad"):
     assert (probs[op].dtype, probs[op].out_dtype) == (np.dtype(np.float32),) * 2, op
   for op, p in probs.items():
-    expect = {n for n in alg.names()
-              if not _native.algorithm_error(p.spec.replace(algorithm=n).ffi_params(2, 16, 32), p.dtype,
-                                             p.out_dtype)}
+    expect = {n for n in registry.variant_names()
+              if registry.resolve(op, p.spec.replace(algorithm=n).ffi_params(2, 16, 32), p.dtype, p.out_dtype).ok}
     assert set(p.candidates()) == expect, op
-  assert "implicit_gemm" not in probs["fwd"].candidates() and "implicit_gemm" in probs["dgrad"].candidates()
+  tensor_cores = {v.name for v in registry.variants() if v.family == "implicit_gemm"}
+  assert not tensor_cores & set(probs["fwd"].candidates()) and tensor_cores & set(probs["dgrad"].candidates())
 
 
 def test_candidates_rejects_an_unknown_op():
-  p = alg.problems(_sds((1, 8, 1)), _sds((3, 1, 1)), 1, "SAME", dimension_numbers=NWC)["fwd"]
+  p = alg.problems(_sds((1, 8, 1)), _sds((3, 1, 1)), (1,), "SAME", dimension_numbers=NWC)["fwd"]
   with pytest.raises(ValueError, match="op must be one of"):
     alg.candidates("forward", p.params, p.dtype)
 
@@ -166,7 +171,8 @@ def _key(x=BASE["x"], w=BASE["w"], dtype=BASE["dtype"], op="fwd", kind="GPU A", 
 def test_cache_key_is_stable_and_ignores_the_algorithm_debug_and_epilogue_fields():
   p = alg.problems(_sds(BASE["x"]), _sds(BASE["w"]), **BASE["kw"])["fwd"]
   assert _key() == _key() == p.key("GPU A")
-  for change in (dict(algorithm="direct"), dict(poison=True), dict(activation="relu", has_bias=True)):
+  for change in (dict(algorithm="direct"), dict(algorithm="direct.gemm"), dict(poison=True),
+                 dict(activation="relu", has_bias=True)):
     variant = dataclasses.replace(p, spec=p.spec.replace(**change))
     assert not np.array_equal(variant.params, p.params), change  # the packed params do differ...
     assert variant.key("GPU A") == p.key("GPU A"), change        # ...the key does not
@@ -188,7 +194,6 @@ def test_cache_key_changes_with_every_part_of_the_problem(monkeypatch):
       "precision": _key(precision="highest"),
       "dtype": _key(dtype="bfloat16"),
       "result dtype": _key(dtype="bfloat16", preferred_element_type=jnp.float32),
-      "layout": _key(x=(2, 8, 16, 16), w=(16, 8, 3, 3), dimension_numbers=None),
       "op dgrad": _key(op="dgrad"),
       "op wgrad": _key(op="wgrad"),
       "gpu": _key(kind="GPU B"),
@@ -204,26 +209,26 @@ def test_cache_key_changes_with_every_part_of_the_problem(monkeypatch):
 def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
   monkeypatch.setenv("JAXCONV_CACHE_DIR", str(tmp_path / "explicit"))
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-  assert alg.cache_path() == str(tmp_path / "explicit" / "autotune.json")
+  assert cache_mod.cache_path() == str(tmp_path / "explicit" / "autotune.json")
   monkeypatch.delenv("JAXCONV_CACHE_DIR")
-  assert alg.cache_path() == str(tmp_path / "xdg" / "jaxconv" / "autotune.json")
+  assert cache_mod.cache_path() == str(tmp_path / "xdg" / "jaxconv" / "autotune.json")
   monkeypatch.delenv("XDG_CACHE_HOME")
   monkeypatch.setenv("HOME", str(tmp_path / "home"))
-  assert alg.cache_path() == str(tmp_path / "home" / ".cache" / "jaxconv" / "autotune.json")
+  assert cache_mod.cache_path() == str(tmp_path / "home" / ".cache" / "jaxconv" / "autotune.json")
 
 
 def test_store_then_load_in_a_fresh_process(cache):
   key_a, key_b = _key(), _key(op="wgrad")
-  alg.store({key_a: {"algorithm": "small", "times_us": {"small": 3.0, "direct": 5.0}}})
-  alg.store({key_b: {"algorithm": "direct"}})
+  cache_mod.store({key_a: {"algorithm": "small", "times_us": {"small": 3.0, "direct": 5.0}}})
+  cache_mod.store({key_b: {"algorithm": "direct"}})
   data = json.loads(cache.read_text())
   assert data["format"] == 1
   assert {k: v["algorithm"] for k, v in data["entries"].items()} == {key_a: "small", key_b: "direct"}
   assert data["entries"][key_a]["times_us"] == {"small": 3.0, "direct": 5.0}
-  assert alg.lookup(key_a) == "small" and alg.lookup(_key(op="dgrad")) is None
+  assert cache_mod.lookup(key_a) == "small" and cache_mod.lookup(_key(op="dgrad")) is None
   # Another process reads the file (and takes its mode from JAXCONV_AUTOTUNE).
-  code = ("import json, sys, jaxconv; from jaxconv import algorithms as a; "
-          "print(json.dumps([jaxconv.autotune_mode(), a.lookup(sys.argv[1]), a.lookup(sys.argv[2])]))")
+  code = ("import json, sys, jaxconv; from jaxconv.tuning import cache as c; "
+          "print(json.dumps([jaxconv.autotune_mode(), c.lookup(sys.argv[1]), c.lookup(sys.argv[2])]))")
   env = dict(os.environ, JAXCONV_AUTOTUNE="Cache", JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", code, key_a, key_b], env=env, capture_output=True, text=True,
                        timeout=120)
@@ -233,7 +238,7 @@ def test_store_then_load_in_a_fresh_process(cache):
 
 def test_store_replaces_the_file_atomically(cache, monkeypatch):
   key_a, key_b = _key(), _key(op="dgrad")
-  alg.store({key_a: {"algorithm": "small"}})
+  cache_mod.store({key_a: {"algorithm": "small"}})
   before = cache.read_text()
   real_dump = json.dump
 
@@ -241,21 +246,21 @@ def test_store_replaces_the_file_atomically(cache, monkeypatch):
     f.write(json.dumps(obj)[:20])  # a partial write...
     raise RuntimeError("interrupted")  # ...then the writer dies
 
-  monkeypatch.setattr(alg.json, "dump", dump_then_fail)
+  monkeypatch.setattr(cache_mod.json, "dump", dump_then_fail)
   with pytest.raises(RuntimeError, match="interrupted"):
-    alg.store({key_b: {"algorithm": "direct"}})
-  monkeypatch.setattr(alg.json, "dump", real_dump)
+    cache_mod.store({key_b: {"algorithm": "direct"}})
+  monkeypatch.setattr(cache_mod.json, "dump", real_dump)
   assert cache.read_text() == before  # readers never see the partial file
   assert sorted(os.listdir(cache.parent)) == [".autotune.lock", "autotune.json"]  # no temporary left
 
 
 def test_store_merges_with_entries_another_process_wrote(cache):
   key_a, key_b, key_c = _key(), _key(op="dgrad"), _key(op="wgrad")
-  alg.store({key_a: {"algorithm": "small"}})
+  cache_mod.store({key_a: {"algorithm": "small"}})
   data = json.loads(cache.read_text())
   data["entries"][key_c] = {"algorithm": "implicit_gemm"}  # written by another process meanwhile
   cache.write_text(json.dumps(data))
-  alg.store({key_b: {"algorithm": "direct"}})
+  cache_mod.store({key_b: {"algorithm": "direct"}})
   entries = json.loads(cache.read_text())["entries"]
   assert {k: v["algorithm"] for k, v in entries.items()} == {key_a: "small", key_b: "direct",
                                                            key_c: "implicit_gemm"}
@@ -263,7 +268,7 @@ def test_store_merges_with_entries_another_process_wrote(cache):
 
 def test_store_rejects_an_unknown_algorithm(cache):
   with pytest.raises(ValueError, match="algorithm"):
-    alg.store({_key(): {"algorithm": "winograd"}})
+    cache_mod.store({_key(): {"algorithm": "winograd"}})
   assert not cache.exists()
 
 
@@ -273,20 +278,46 @@ def test_a_corrupt_cache_file_is_ignored_with_one_warning_and_then_replaced(cach
   cache.parent.mkdir(parents=True)
   cache.write_bytes(content.encode("utf-8", "surrogateescape"))
   with pytest.warns(UserWarning, match="ignoring the autotuning cache"):
-    assert alg.lookup(key) is None
+    assert cache_mod.lookup(key) is None
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # the same file again: no second warning
-    assert alg.lookup(key) is None
-  alg.store({key: {"algorithm": "direct"}})
+    assert cache_mod.lookup(key) is None
+  cache_mod.store({key: {"algorithm": "direct"}})
   assert json.loads(cache.read_text())["entries"][key]["algorithm"] == "direct"
 
 
-def test_entries_with_unknown_algorithms_are_skipped(cache):
+def test_entries_with_unknown_algorithms_are_skipped_with_a_warning(cache):
   good, bad = _key(), _key(op="dgrad")
   cache.parent.mkdir(parents=True)
   cache.write_text(json.dumps({"format": 1, "entries": {good: {"algorithm": "direct"},
                                                         bad: {"algorithm": "winograd"}}}))
-  assert alg.lookup(good) == "direct" and alg.lookup(bad) is None
+  with pytest.warns(UserWarning, match="winograd"):
+    assert cache_mod.lookup(good) == "direct" and cache_mod.lookup(bad) is None
+
+
+@pytest.mark.parametrize("entry", [{"algorithm": ["direct"]}, {"algorithm": {"a": 1}}, {"algorithm": None}, [1],
+                                   "direct"])
+def test_entries_of_the_wrong_shape_are_skipped_with_a_warning(cache, entry):
+  good, bad = _key(), _key(op="dgrad")
+  cache.parent.mkdir(parents=True)
+  cache.write_text(json.dumps({"format": 1, "entries": {good: {"algorithm": "direct"}, bad: entry}}))
+  with pytest.warns(UserWarning, match="algorithms this jaxconv does not have"):
+    assert cache_mod.lookup(good) == "direct" and cache_mod.lookup(bad) is None
+
+
+def test_deeply_nested_cache_content_is_ignored_with_a_warning(cache):
+  cache.parent.mkdir(parents=True)
+  cache.write_text('{"format": 1, "entries": ' + "[" * 100000 + "]" * 100000 + "}")
+  with pytest.warns(UserWarning, match="RecursionError"):
+    assert cache_mod.lookup(_key()) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_a_cache_path_that_is_a_fifo_is_ignored_without_blocking(cache):
+  cache.parent.mkdir(parents=True)
+  os.mkfifo(cache)  # opening it for reading would block until a writer came
+  with pytest.warns(UserWarning, match="not a regular file"):
+    assert cache_mod.lookup(_key()) is None
 
 
 # ---- the mode switch -------------------------------------------------------------------------------------
@@ -303,15 +334,15 @@ def test_set_autotune_returns_the_previous_mode_and_validates(cache):
 
 
 def test_environment_mode_parsing():
-  assert alg._mode_from_env(None) == alg._mode_from_env("") == "off"
-  assert alg._mode_from_env(" Cache ") == "cache" and alg._mode_from_env("on") == "on"
+  assert cache_mod._mode_from_env(None) == cache_mod._mode_from_env("") == "off"
+  assert cache_mod._mode_from_env(" Cache ") == "cache" and cache_mod._mode_from_env("on") == "on"
   with pytest.warns(UserWarning, match="JAXCONV_AUTOTUNE"):
-    assert alg._mode_from_env("1") == "off"
+    assert cache_mod._mode_from_env("1") == "off"
 
 
 # ---- cached choices in the lowered CUDA custom calls -----------------------------------------------------
 
-X1, W1 = _sds((2, 64, 1)), _sds((5, 1, 1))  # c == k == 1: direct, depthwise, long1d and small all apply
+X1, W1 = _sds((2, 64, 1)), _sds((5, 1, 1))  # c == k == 1: direct, depthwise, long1d and small variants apply
 KW1 = dict(window_strides=(1,), padding="SAME", dimension_numbers=NWC)
 
 
@@ -319,96 +350,105 @@ def _loss(x, w):
   return jnp.sum(jaxconv.conv_general_dilated(x, w, **KW1) ** 2)
 
 
-def _lowered_algorithms(fn, *args, platform="cuda"):
-  """{op: [algorithm name of each custom call]} of fn's gradient program lowered for `platform`."""
+def _lowered_variants(fn, *args, platform="cuda"):
+  """{op: [variant name of each custom call]} of fn's gradient program lowered for `platform` ("handler": the
+  lowering chose none, as for the CPU)."""
   fresh = lambda *a: fn(*a)  # a new function: nothing comes from jit's caches of an earlier lowering
   exp = export.export(jax.jit(jax.value_and_grad(fresh, argnums=(0, 1))), platforms=[platform],
                       disabled_checks=CHECKS)(*args)
   found = {}
   for m in re.finditer(r"custom_call @(jaxconv_\w+)\(.*?params = dense<\[([-\d, ]+)\]>", exp.mlir_module()):
     values = [int(v) for v in m.group(2).split(",")]
-    found.setdefault(OP_OF_TARGET[m.group(1)], []).append(ENUM[values[_algorithm_offset()]])
+    found.setdefault(OP_OF_TARGET[m.group(1)], []).append(_variant_of(values))
   assert set(found) == {"fwd", "dgrad", "wgrad"}, found
   return found
 
 
+def _auto_choices(probs):
+  """The variant auto runs for each op (on the GPU the lowering compiles for)."""
+  return {op: registry.resolve(op, p.params, p.dtype, p.out_dtype).name for op, p in probs.items()}
+
+
 def _distinct_choices():
-  """A different non-default algorithm for each op of the X1/W1 problem, from its candidates."""
+  """A different variant for each op of the X1/W1 problem, none of them auto's, from its candidates; and auto's."""
   probs = alg.problems(X1, W1, **KW1)
+  auto = _auto_choices(probs)
   choice = {}
   for op in ("fwd", "dgrad", "wgrad"):
-    cands = [n for n in probs[op].candidates() if n != "direct" and n not in choice.values()]
+    cands = [n for n in probs[op].candidates()
+             if n not in (auto[op], "xla.conv") and n not in choice.values()]
     assert cands, (op, probs[op].candidates())
     choice[op] = cands[0]
-  return probs, choice
+  return probs, choice, auto
 
 
 @needs_cuda_build
 def test_cached_choices_reach_each_ops_cuda_custom_call(cache, fake_gpu):
-  probs, choice = _distinct_choices()
-  assert _lowered_algorithms(_loss, X1, W1) == {op: ["auto"] for op in choice}  # nothing cached yet
-  alg.store({probs[op].key(fake_gpu): {"algorithm": name} for op, name in choice.items()})
-  assert _lowered_algorithms(_loss, X1, W1) == {op: ["auto"] for op in choice}  # mode 'off'
+  probs, choice, auto = _distinct_choices()
+  as_auto = {op: [name] for op, name in auto.items()}
+  assert _lowered_variants(_loss, X1, W1) == as_auto  # nothing cached yet
+  cache_mod.store({probs[op].key(fake_gpu): {"algorithm": name} for op, name in choice.items()})
+  assert _lowered_variants(_loss, X1, W1) == as_auto  # mode 'off'
   jaxconv.set_autotune("cache")
-  assert _lowered_algorithms(_loss, X1, W1) == {op: [name] for op, name in choice.items()}
+  assert _lowered_variants(_loss, X1, W1) == {op: [name] for op, name in choice.items()}
   if not jaxconv.cuda_available():  # (with a GPU, mode 'on' would time this problem for the real device)
     jaxconv.set_autotune("on")  # 'on' uses the cache too
-    assert _lowered_algorithms(_loss, X1, W1) == {op: [name] for op, name in choice.items()}
+    assert _lowered_variants(_loss, X1, W1) == {op: [name] for op, name in choice.items()}
 
 
 @needs_cuda_build
 @pytest.mark.parametrize("only", ["fwd", "dgrad", "wgrad"])
-def test_one_cached_op_leaves_the_others_on_the_heuristic(cache, fake_gpu, only):
-  probs, choice = _distinct_choices()
-  alg.store({probs[only].key(fake_gpu): {"algorithm": choice[only]}})
+def test_one_cached_op_leaves_the_others_to_auto(cache, fake_gpu, only):
+  probs, choice, auto = _distinct_choices()
+  cache_mod.store({probs[only].key(fake_gpu): {"algorithm": choice[only]}})
   jaxconv.set_autotune("cache")
-  expect = {op: [choice[op] if op == only else "auto"] for op in choice}
-  assert _lowered_algorithms(_loss, X1, W1) == expect
+  expect = {op: [choice[op] if op == only else auto[op]] for op in choice}
+  assert _lowered_variants(_loss, X1, W1) == expect
 
 
 @needs_cuda_build
 def test_cache_is_keyed_on_the_gpu_of_the_lowering(cache, fake_gpu, monkeypatch):
-  probs, choice = _distinct_choices()
-  alg.store({probs[op].key("Another GPU"): {"algorithm": name} for op, name in choice.items()})
+  probs, choice, auto = _distinct_choices()
+  cache_mod.store({probs[op].key("Another GPU"): {"algorithm": name} for op, name in choice.items()})
   jaxconv.set_autotune("cache")
-  assert _lowered_algorithms(_loss, X1, W1) == {op: ["auto"] for op in choice}
-  monkeypatch.setattr(alg, "_gpu_kind", lambda: None)  # no GPU at all: nothing to key on
-  alg.store({probs[op].key(fake_gpu): {"algorithm": name} for op, name in choice.items()})
-  assert _lowered_algorithms(_loss, X1, W1) == {op: ["auto"] for op in choice}
+  assert _lowered_variants(_loss, X1, W1) == {op: [name] for op, name in auto.items()}
+  monkeypatch.setattr(cache_mod, "gpu_kind", lambda: None)  # no GPU at all: nothing to key on
+  cache_mod.store({probs[op].key(fake_gpu): {"algorithm": name} for op, name in choice.items()})
+  assert _lowered_variants(_loss, X1, W1) == {op: [name] for op, name in auto.items()}
 
 
 @needs_cuda_build
 def test_forced_algorithms_and_the_cpu_lowering_ignore_the_cache(cache, fake_gpu):
-  probs, choice = _distinct_choices()
-  alg.store({probs[op].key(fake_gpu): {"algorithm": name} for op, name in choice.items()})
+  probs, choice, _ = _distinct_choices()
+  cache_mod.store({probs[op].key(fake_gpu): {"algorithm": name} for op, name in choice.items()})
   jaxconv.set_autotune("cache")
   forced = lambda x, w: jnp.sum(jaxconv.conv1d(x, w, padding="SAME", algorithm="direct") ** 2)
-  assert _lowered_algorithms(forced, X1, W1) == {op: ["direct"] for op in choice}
-  assert _lowered_algorithms(_loss, X1, W1, platform="cpu") == {op: ["auto"] for op in choice}
+  assert _lowered_variants(forced, X1, W1) == {op: ["direct.gemm"] for op in choice}
+  assert _lowered_variants(_loss, X1, W1, platform="cpu") == {op: ["handler"] for op in choice}
 
 
 @needs_cuda_build
 def test_fused_epilogue_uses_the_entry_of_its_convolution(cache, fake_gpu):
   """conv1d(x, w, bias, activation=...) shares the key of the plain convolution (what autotune tunes)."""
-  probs, choice = _distinct_choices()
-  alg.store({probs[op].key(fake_gpu): {"algorithm": name} for op, name in choice.items()})
+  probs, choice, _ = _distinct_choices()
+  cache_mod.store({probs[op].key(fake_gpu): {"algorithm": name} for op, name in choice.items()})
   jaxconv.set_autotune("cache")
   b = jnp.zeros((1,), jnp.float32)
   fused = lambda x, w: jnp.sum(jaxconv.conv1d(x, w, b, padding="SAME", activation="relu") ** 2)
-  assert _lowered_algorithms(fused, X1, W1) == {op: [name] for op, name in choice.items()}
+  assert _lowered_variants(fused, X1, W1) == {op: [name] for op, name in choice.items()}
 
 
 @needs_cuda_build
 def test_a_cached_choice_that_no_longer_applies_is_ignored_with_a_warning(cache, fake_gpu):
-  x, w = _sds((2, 64, 2)), _sds((5, 2, 3))  # c != k: depthwise does not apply
+  x, w = _sds((2, 64, 2)), _sds((5, 2, 3))  # c != k: no depthwise variant applies
   kw = dict(window_strides=(1,), padding="SAME", dimension_numbers=NWC)
   probs = alg.problems(x, w, **kw)
-  assert "depthwise" not in probs["fwd"].candidates()
-  alg.store({probs["fwd"].key(fake_gpu): {"algorithm": "depthwise"}})
+  assert "depthwise.tiled" not in probs["fwd"].candidates()
+  cache_mod.store({probs["fwd"].key(fake_gpu): {"algorithm": "depthwise.tiled"}})
   jaxconv.set_autotune("cache")
-  with pytest.warns(UserWarning, match="ignoring the cached algorithm 'depthwise'"):
-    found = _lowered_algorithms(lambda x, w: jnp.sum(jaxconv.conv_general_dilated(x, w, **kw) ** 2), x, w)
-  assert found["fwd"] == ["auto"]
+  with pytest.warns(UserWarning, match="ignoring the cached algorithm 'depthwise.tiled'"):
+    found = _lowered_variants(lambda x, w: jnp.sum(jaxconv.conv_general_dilated(x, w, **kw) ** 2), x, w)
+  assert found["fwd"] == [_auto_choices(probs)["fwd"]]
 
 
 # ---- without a GPU -----------------------------------------------------------------------------------------
@@ -444,18 +484,18 @@ def test_autotune_argument_errors(cache):
 
 # ---- on a GPU ----------------------------------------------------------------------------------------------
 
-def _custom_call_algorithms(text):
+def _custom_call_variants(text):
   found = {}
   for m in re.finditer(r"custom_call @(jaxconv_\w+)\(.*?params = dense<\[([-\d, ]+)\]>", text):
     values = [int(v) for v in m.group(2).split(",")]
-    found.setdefault(OP_OF_TARGET[m.group(1)], []).append(ENUM[values[_algorithm_offset()]])
+    found.setdefault(OP_OF_TARGET[m.group(1)], []).append(_variant_of(values))
   return found
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,precision", [("float32", "highest"), ("bfloat16", None)])
 def test_autotune_picks_the_fastest_candidate_and_the_tuned_program_matches_lax(cache, rng, dtype, precision):
-  xs, ws = (4, 24, 24, 16), (3, 3, 16, 32)  # direct, small and the tensor-core paths all apply
+  xs, ws = (4, 24, 24, 16), (3, 3, 16, 32)  # direct, small and tensor-core variants all apply
   kw = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC, precision=precision)
   x, w = (jnp.asarray(cu.randn(rng, s, dtype)) for s in (xs, ws))
   result = jaxconv.autotune(_sds(xs, x.dtype), _sds(ws, w.dtype), **kw)
@@ -467,14 +507,16 @@ def test_autotune_picks_the_fastest_candidate_and_the_tuned_program_matches_lax(
     assert len(cands) >= 2 and r.winner in cands, (op, cands, r)
     assert r.source == "timed" and set(r.times_us) | set(r.errors) == set(cands), r
     assert r.winner == min(r.times_us, key=r.times_us.get) and all(t > 0 for t in r.times_us.values()), r
-    assert alg.lookup(probs[op].key(kind)) == r.winner
+    assert cache_mod.lookup(probs[op].key(kind)) == r.winner
   assert str(result).count("\n") == 2
 
   jaxconv.set_autotune("cache")
   ct = jnp.asarray(cu.randn(rng, (4, 24, 24, 32), dtype))
   f = lambda x, w: jaxconv.conv_general_dilated(x, w, **kw)
   g = jax.jit(lambda x, w, ct: (f(x, w), *jax.vjp(f, x, w)[1](ct)))
-  assert _custom_call_algorithms(g.lower(x, w, ct).as_text()) == {op: [r.winner] for op, r in result.items()}
+  # A winner that is XLA's own convolution lowers to no custom call.
+  expect = {op: [r.winner] for op, r in result.items() if r.winner != "xla.conv"}
+  assert _custom_call_variants(g.lower(x, w, ct).as_text()) == expect
   y, dx, dw = g(x, w, ct)
   tol = 3e-5 if dtype == "float32" else cu.tolerance(dtype)  # 3xTF32 on the tensor-core path: about FP32
   ref_kw = {k: v for k, v in kw.items() if k != "precision"}
@@ -498,9 +540,9 @@ def test_mode_on_tunes_while_tracing_and_the_gradient_matches_lax(cache, rng):
   f = lambda x, w: jaxconv.conv_general_dilated(x, w, **kw)
   g = jax.jit(lambda x, w, ct: (f(x, w), *jax.vjp(f, x, w)[1](ct)))
   lowered = g.lower(x, w, ct)  # tracing times the three ops and stores the winners
-  chosen = {op: alg.lookup(p.key(kind)) for op, p in probs.items()}
+  chosen = {op: cache_mod.lookup(p.key(kind)) for op, p in probs.items()}
   assert all(chosen[op] in probs[op].candidates() for op in chosen), chosen
-  assert _custom_call_algorithms(lowered.as_text()) == {op: [name] for op, name in chosen.items()}
+  assert _custom_call_variants(lowered.as_text()) == {op: [n] for op, n in chosen.items() if n != "xla.conv"}
   y, dx, dw = lowered.compile()(x, w, ct)
   ref_kw = {k: v for k, v in kw.items() if k != "precision"}
   cu.assert_close(y, cu.lax_ref_conv(x, w, **ref_kw), 3e-5, "fwd")
