@@ -3,8 +3,13 @@
 # the compute-sanitizer subset, run the benchmarks. Full logs go to $OUT (default ./gpu-out); a short table
 # is printed last.
 #
-#   bash benchmarks/gpu_run.sh                 # everything
-#   bash benchmarks/gpu_run.sh tests sanitize  # a subset of: build tests sanitize bench
+#   bash benchmarks/gpu_run.sh                 # everything but ab
+#   bash benchmarks/gpu_run.sh tests sanitize  # a subset of: build tests sanitize bench ab
+#
+# ab: an A/B of this tree against the source tree in ab/old (another commit, e.g. `git archive REV | tar -x -C
+# ab/old`), both built here (the old one beside this one's build step), this tree's benchmark package used for
+# both; passes alternate old/new AB_PAIRS times (default 2) over the suite (AB_ARGS: extra ab_suite.py run
+# arguments), then benchmarks/ab_suite.py compare prints the slowest measurements.
 #
 # Wheels in .whl/ (carried: the nvidia-cutlass headers) are installed first.
 # Environment: JAXCONV_CUDA_ARCHS (default 90a), JAXCONV_FUZZ_CASES (default 300 per dtype),
@@ -38,11 +43,24 @@ if [[ " $steps " == *" build "* ]]; then
   for whl in .whl/*.whl; do
     [ -e "$whl" ] && $PY -m pip install -q --no-deps --no-index "$whl" >> "$OUT/build.log" 2>&1
   done
+  if [ -d ab/old ] && [[ " $steps " == *" ab "* ]]; then
+    # The A/B's old tree builds in place beside this one (half the cores each), its .so next to its package.
+    ( cd ab/old && cmake -S . -B build-ab -G Ninja -DJAXCONV_CUDA=ON -DJAXCONV_CUDA_ARCHS="${JAXCONV_CUDA_ARCHS:-90a}" \
+        -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)" \
+        -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" > "$OUT/build_old.log" 2>&1 \
+      && cmake --build build-ab -j $(( $(nproc) / 2 )) >> "$OUT/build_old.log" 2>&1 \
+      && cp build-ab/_jaxconv_native*.so jaxconv/ ) &
+    old_build=$!
+  fi
   if JAXCONV_CUDA=ON JAXCONV_CUDA_ARCHS=${JAXCONV_CUDA_ARCHS:-90a} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
       $PY -m pip install --no-build-isolation --no-deps -v -e . -C build-dir=build/gpu >> "$OUT/build.log" 2>&1; then
     row build ok "$(( $(date +%s) - t0 )) s; $($PY -c 'import jaxconv; print(jaxconv.build_info())')"
   else
     row build FAILED "see build.log"; tail -40 "$OUT/build.log"; steps=""
+  fi
+  if [ -n "${old_build:-}" ]; then
+    if wait "$old_build"; then row build_old ok "($(( $(date +%s) - t0 )) s)"
+    else row build_old FAILED "see build_old.log"; tail -20 "$OUT/build_old.log"; fi
   fi
 fi
 
@@ -99,6 +117,24 @@ if [[ " $steps " == *" bench "* ]]; then
   row bench "$([ $rc = 0 ] && echo ok || echo FAILED)" "($(( $(date +%s) - t0 )) s) see bench/"
   [ $rc = 0 ] || tail -20 "$OUT/bench.log"
   ls "$OUT/bench"/*.md >/dev/null 2>&1 && cat "$OUT"/bench/*.md | head -80
+fi
+
+if [[ " $steps " == *" ab "* ]] && [ -d ab/old ]; then
+  t0=$(date +%s)
+  rm -rf ab/old/jaxconv/bench && cp -r jaxconv/bench ab/old/jaxconv/bench  # one timing method for both builds
+  passes=()
+  for i in $(seq 1 "${AB_PAIRS:-2}"); do
+    for side in old new; do
+      src=$([ $side = old ] && echo "$PWD/ab/old" || echo "$PWD")
+      PYTHONPATH="$src" $PY benchmarks/ab_suite.py run --label "$side$i" --out "$OUT/ab_$side$i.json" \
+        --suite benchmarks/suite.json ${AB_ARGS:-} >> "$OUT/ab.log" 2>&1 || echo "pass $side$i failed" >> "$OUT/ab.log"
+      passes+=("$OUT/ab_$side$i.json")
+    done
+  done
+  $PY benchmarks/ab_suite.py compare "${passes[@]}" > "$OUT/ab_compare.txt" 2>&1
+  rc=$?
+  row ab "$([ $rc = 0 ] && echo ok || echo SLOWER)" "($(( $(date +%s) - t0 )) s) $(sed -n 3p "$OUT/ab_compare.txt")"
+  head -30 "$OUT/ab_compare.txt"
 fi
 
 echo

@@ -1,0 +1,123 @@
+"""A/B of two jaxconv builds over a suite: one pass per call, compared afterwards.
+
+Two builds cannot share a process (their FFI targets have the same names), so each pass runs in its own process
+with one build's package first on PYTHONPATH (the benchmark package may be copied from the newer tree: it needs
+nothing of jaxconv but conv_general_dilated and the stream timer). Alternate the builds, A B A B ..., and compare:
+
+    PYTHONPATH=old python benchmarks/ab_suite.py run --label A --out a1.json [--suite S] [--lax]
+    PYTHONPATH=new python benchmarks/ab_suite.py run --label B --out b1.json
+    ... a2.json, b2.json ...
+    python benchmarks/ab_suite.py compare a1.json b1.json a2.json b2.json [--limit 1.03]
+
+A pass times every (case, dtype, op) of the suite with the sweep's method (jaxconv/bench/sweep_timing.py: device
+time between in-stream marks, median of rounds). `compare` pairs the passes in order (A1 with B1, A2 with B2, ...),
+takes each measurement's median B/A time ratio over the pairs, and the A/A spread (A1 against A2, ...) as the
+noise; it lists the measurements slower than --limit beyond that noise and exits 1 when there are any.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+DEFAULT_OPS = ("fwd", "dgrad", "wgrad")
+
+
+def _run(args) -> int:
+  import jax
+
+  from jaxconv.bench import cases as _cases
+  from jaxconv.bench import sweep_timing as _timing
+  suite = _cases.load_suite(args.suite or _cases.default_suite_path())
+  if args.filter:
+    import re
+    suite = [c for c in suite if re.search(args.filter, c.name)]
+  impls = ("lax", "jaxconv") if args.lax else ("jaxconv",)
+  out = dict(label=args.label, device=jax.devices()[0].device_kind, jax=jax.__version__, measurements={})
+  t_start = time.perf_counter()
+  for i, case in enumerate(suite):
+    dtypes = [d for d in case.dtypes if not args.dtypes or d in args.dtypes.split(",")]
+    ops = [o for o in args.ops.split(",") if o in [_cases.canon_op(x) for x in case.ops]]
+    if not dtypes or not ops:
+      continue
+    nsets = _timing.nsets_for(case)
+    inputs = _timing.InputSets(case, dtypes, nsets, data_seed=i)
+    progs = _timing.compile_case(case, dtypes, ops, nsets, impls=impls, tag=f"ab{i}", host_work=inputs.prepare)
+    try:
+      sets = inputs.get()
+      for dt in dtypes:
+        for op in ops:
+          m = _timing.time_programs(progs, dt, op, sets[dt], impls=impls, repeats=args.repeats)
+          key = f"{case.name}|{dt}|{op}"
+          rec = {impl: m["impls"][impl].get("time_s") for impl in impls}
+          rec["error"] = _timing.failure_of(m) if "jaxconv" not in m["impls"] or \
+              m["impls"]["jaxconv"].get("time_s") is None else ""
+          out["measurements"][key] = rec
+    finally:
+      _timing.release(progs)
+    print(f"[{time.perf_counter() - t_start:6.1f} s] {case.name}", file=sys.stderr, flush=True)
+  with open(args.out, "w") as f:
+    json.dump(out, f, indent=1)
+  return 0
+
+
+def compare(passes, limit):
+  """(rows, noise): rows = [(key, median B/A ratio over pairs, A/A spread)], worst first."""
+  a, b = passes[0::2], passes[1::2]
+  keys = sorted(set.intersection(*(set(p["measurements"]) for p in passes)))
+  rows, spreads = [], []
+  for k in keys:
+    ta = [p["measurements"][k].get("jaxconv") for p in a]
+    tb = [p["measurements"][k].get("jaxconv") for p in b]
+    if any(t is None or t <= 0 for t in ta + tb):
+      continue
+    ratio = statistics.median(y / x for x, y in zip(ta, tb))
+    spread = max(ta) / min(ta) - 1.0 if len(ta) > 1 else 0.0
+    spreads.append(spread)
+    rows.append((k, ratio, spread))
+  rows.sort(key=lambda r: -r[1])
+  noise = statistics.median(spreads) if spreads else 0.0
+  return rows, noise
+
+
+def _compare(args) -> int:
+  passes = []
+  for path in args.passes:
+    with open(path) as f:
+      passes.append(json.load(f))
+  if len(passes) < 2 or len(passes) % 2:
+    raise SystemExit("compare: give the passes as A B [A B ...]")
+  rows, noise = compare(passes, args.limit)
+  slower = [r for r in rows if r[1] > args.limit * (1.0 + r[2])]
+  print(f"{len(rows)} measurements, {len(passes) // 2} A/B pairs; median A/A spread {noise * 100:.1f}%")
+  print(f"B/A time ratio: median {statistics.median(r[1] for r in rows):.3f}, "
+        f"max {rows[0][1]:.3f} ({rows[0][0]}), min {rows[-1][1]:.3f} ({rows[-1][0]})")
+  print(f"slower than {args.limit:.2f}x beyond their own A/A spread: {len(slower)}")
+  for k, r, s in slower[:40]:
+    print(f"  {r:.3f}  (A/A spread {s * 100:.1f}%)  {k}")
+  return 1 if slower else 0
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = ap.add_subparsers(dest="cmd", required=True)
+  r = sub.add_parser("run", help="one pass of the build first on PYTHONPATH")
+  r.add_argument("--label", required=True)
+  r.add_argument("--out", required=True)
+  r.add_argument("--suite")
+  r.add_argument("--filter", help="regular expression on case names")
+  r.add_argument("--dtypes", help="comma list (default: each case's)")
+  r.add_argument("--ops", default=",".join(DEFAULT_OPS))
+  r.add_argument("--repeats", type=int, default=5)
+  r.add_argument("--lax", action="store_true", help="also time lax (for a baseline)")
+  c = sub.add_parser("compare", help="compare passes given as A B [A B ...]")
+  c.add_argument("passes", nargs="+")
+  c.add_argument("--limit", type=float, default=1.03)
+  args = ap.parse_args(argv)
+  return _run(args) if args.cmd == "run" else _compare(args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
