@@ -50,7 +50,6 @@ __device__ __forceinline__ void ForEachWindowRow3(const ScArgs& g, int t0, int t
   }
 }
 
-
 }  // namespace small_channel
 }  // namespace cuda
 }  // namespace jaxconv

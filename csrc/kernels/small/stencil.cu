@@ -341,7 +341,6 @@ inline bool FewStencilTiles(const StArgs& g, int r, int p) {
   return g.n * g.tsp[0] * CeilDiv(g.tsp[1], 8 * r) * CeilDiv(g.tsp[2], 32 * p) < 2 * kPlanSms;
 }
 
-
 // The channel bucket (CI, CO) and per-thread work R rows x P columns (R * P * CO <= 32 accumulators) for the
 // problem's channels; false where no bucket fits.
 bool PickStencilCfg(const StArgs& g, StCfg* c) {
@@ -351,10 +350,19 @@ bool PickStencilCfg(const StArgs& g, StCfg* c) {
       *c = FewStencilTiles(g, 8, 4) ? StCfg{1, 1, 8, 2} : StCfg{1, 1, 8, 4};
       return true;
     }
-    if (g.cout <= 4) return *c = StCfg{1, 4, 4, 2}, true;
-    if (g.cout <= 16) return *c = StCfg{1, 16, 2, 1}, true;
+    if (g.cout <= 4) {
+      *c = StCfg{1, 4, 4, 2};
+      return true;
+    }
+    if (g.cout <= 16) {
+      *c = StCfg{1, 16, 2, 1};
+      return true;
+    }
   } else if (g.cin <= 4) {
-    if (g.cout == 1) return *c = StCfg{4, 1, 4, 2}, true;
+    if (g.cout == 1) {
+      *c = StCfg{4, 1, 4, 2};
+      return true;
+    }
     if (g.cout <= 4) {
       // fewer than 2 tiles of 32 x 64 per SM: 16 x 64 tiles, twice the blocks in flight (faster on msd's 4 -> 4 at
       // 512^2, 128 tiles, than 32 x 64, 8 x 64 or 16 x 32 tiles)
@@ -362,7 +370,8 @@ bool PickStencilCfg(const StArgs& g, StCfg* c) {
       return true;
     }
   } else if (g.cin <= 16 && g.cout == 1) {
-    return *c = StCfg{16, 1, 4, 1}, true;
+    *c = StCfg{16, 1, 4, 1};
+    return true;
   }
   return false;
 }
