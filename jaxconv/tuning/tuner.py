@@ -41,8 +41,13 @@ class Problem:
     return np.dtype(self.operands[0].dtype)
 
   @property
+  def nck(self) -> Tuple[int, int, int]:
+    """(N, C, K) of the forward relation."""
+    return tuple(int(v) for v in rules.nck(rules.PRIMITIVES[self.op], self.spec, self.operands))
+
+  @property
   def params(self) -> np.ndarray:
-    return self.spec.ffi_params(*rules.nck(rules.PRIMITIVES[self.op], self.spec, self.operands))
+    return self.spec.ffi_params(*self.nck)
 
   def key(self, device_kind: str) -> str:
     return cache.cache_key(self.op, self.params, self.dtype, self.out_dtype, device_kind)
