@@ -44,7 +44,7 @@
 //          strided kernel at stride 1 is 10-25% slower than the unit-stride one, hence both. 3xTF32 at unit stride
 //          on small grids in parallel split-K, as fprop.
 //   wgrad: Conv2dWgrad kOptimized, A = dy (K x NPQ), B = x (NPQ x RSC), D = dw (K x RSC), f32 out; parallel
-//          split-K into the workspace + ReduceSplits (direct.cu, fixed order: deterministic).
+//          split-K into the workspace + ReduceSplits (shared/reduce_splits.cu, fixed order: deterministic).
 // WORKSPACE: wgrad: splits * K * R * S * C * 4 bytes when splits > 1, else 0, with (16-bit, TF32)
 //   splits = clamp(ceil(264 / tiles), 1, min(256, N*D*P*Q / 1024)), tiles = ceil(K / tm) * ceil(R*S*C / 128),
 //   tm = 64 for 16-bit K <= 64 (narrow), else 128 (264 = 2 CTAs on each of kPlanSms = 132 SMs), or (3xTF32) the
@@ -57,10 +57,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <type_traits>
 
-#include "kernels/shared/common.cuh"
+#include "kernels/implicit_gemm/family.h"
 #include "kernels/implicit_gemm/igemm.h"
+#include "kernels/implicit_gemm/staging.h"
+#include "kernels/shared/common.cuh"
 
 #include "cutlass/cutlass.h"
 #include "cutlass/array.h"
@@ -626,4 +629,34 @@ cudaError_t IgemmSm80Run(const IgemmProblem& pr, Op op, IgemmMath math, const Ig
 }
 
 }  // namespace cuda
+
+// implicit_gemm.sm80: the staged problem (staging.h) on these kernels.
+namespace variants::implicit_gemm_sm80 {
+
+std::string PlanError(const Problem& pr) {
+  if (pr.dev.arch < 80) return "the mma.sync kernels need sm_80 or newer";
+  if (!cuda::IgemmSm80Supports(cuda::igemm::ToProblem(pr.p, pr.in), pr.op, cuda::MathFor(pr.p, pr.in))) {
+    return "the mma.sync kernels take 1-D and 2-D problems (a 1-deep window, unit depth stride), windows up to 32 "
+           "taps a dim, no strided and dilated data gradient, 32-bit extents";
+  }
+  return {};
+}
+
+std::string Applies(const Problem& pr) {
+  if (std::string why = cuda::igemm::FamilyError(pr); !why.empty()) return why;
+  return PlanError(pr);
+}
+
+size_t Workspace(const Problem& pr) {
+  const cuda::IgemmProblem ip = cuda::igemm::ToProblem(pr.p, pr.in);
+  return cuda::igemm::StagingOf(pr.p, pr.op, pr.in).bytes() +
+         cuda::igemm::AlignUp(cuda::IgemmSm80WorkspaceBytes(ip, pr.op, cuda::MathFor(pr.p, pr.in)));
+}
+
+cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
+  if (b.ws_bytes < Workspace(pr)) return cudaErrorInvalidValue;
+  return cuda::igemm::RunStaged(pr, b, cuda::IgemmSm80Run, s);
+}
+
+}  // namespace variants::implicit_gemm_sm80
 }  // namespace jaxconv
