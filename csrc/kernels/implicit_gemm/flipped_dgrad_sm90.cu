@@ -38,7 +38,9 @@ size_t FilterBytes(const Problem& pr) { return cuda::igemm::StagingOf(pr.p, Op::
 
 std::string PlanError(const Problem& pr) {
   const ConvParams& p = pr.p;
-  if (pr.dev.arch != 90) return "the Hopper kernels run on sm_90 only";
+  if (pr.dev.arch != 90 || !cuda::IgemmSm90Built()) {
+    return "the Hopper kernels run on sm_90, in builds with sm_90a code";
+  }
   if (pr.op != Op::kDgrad || pr.in != DType::kF32 || pr.out != DType::kF32 ||
       cuda::MathFor(p, pr.in) != IgemmMath::kTF32) {
     return "it runs float32 data gradients at DEFAULT precision (TF32)";
@@ -53,7 +55,7 @@ std::string PlanError(const Problem& pr) {
   if (!cuda::igemm::StagedKernelExists(p, Op::kDgrad, pr.in)) return "no staged conv kernel takes the problem";
   const IgemmProblem fpr = FlippedDgradProblem(p);
   if (!cuda::IgemmSm90Supports(fpr, Op::kFwd, IgemmMath::kTF32)) {
-    return "the Hopper TF32 forward does not take the flipped problem (sm_90a builds)";
+    return "the Hopper TF32 forward does not take the flipped problem";
   }
   if (!cuda::igemm::PreferSm90(fpr, Op::kFwd)) return "its forward has under 64 channels or a short reduction";
   if (!cuda::igemm::PhaseFiltersFit(p, p.k[0] * 4)) return "the flipped filter's indices pass 32 bits";

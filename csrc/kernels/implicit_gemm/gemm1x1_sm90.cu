@@ -66,16 +66,18 @@ namespace {
 
 // Workspace: [TF32 fwd: w^T][the GEMM's own workspace].
 size_t FilterBytes(const Problem& pr) {
-  return pr.op == Op::kFwd && pr.in == DType::kF32 ? cuda::igemm::AlignUp(static_cast<size_t>(pr.p.c[0] * pr.p.k[0]) * 4)
-                                                   : 0;
+  if (pr.op != Op::kFwd || pr.in != DType::kF32) return 0;
+  return cuda::igemm::AlignUp(static_cast<size_t>(pr.p.c[0] * pr.p.k[0]) * 4);
 }
 
 }  // namespace
 
 std::string PlanError(const Problem& pr) {
-  if (pr.dev.arch != 90) return "the Hopper GEMMs run on sm_90 only";
+  if (pr.dev.arch != 90 || !cuda::IgemmSm90Built()) {
+    return "the Hopper GEMMs run on sm_90, in builds with sm_90a code";
+  }
   if (!cuda::Gemm1x1Sm90Supports(pr.p, pr.op, pr.in, pr.out)) {
-    return "it takes 1x1 windows with unit strides and no padding, 16-bit or TF32 (sm_90a builds)";
+    return "it takes 1x1 windows with unit strides and no padding, 16-bit or TF32";
   }
   return {};
 }

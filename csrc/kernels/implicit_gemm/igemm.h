@@ -75,6 +75,8 @@ struct IgemmArgs {
 //   Run: enqueues the op on `stream` (no allocation, no synchronisation), returns the first CUDA error;
 //     cudaErrorNotSupported when the problem is not supported, cudaErrorInvalidValue on a short workspace.
 // The sm90 functions report Supports == false when the build has no sm_90a code.
+// Whether this build has the Hopper kernels (sm_90a code for the *sm90* files).
+bool IgemmSm90Built();
 bool IgemmSm90Supports(const IgemmProblem& pr, Op op, IgemmMath math);
 size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, Op op, IgemmMath math);
 cudaError_t IgemmSm90Run(const IgemmProblem& pr, Op op, IgemmMath math, const IgemmArgs& args,

@@ -120,7 +120,8 @@ Plan MakePlan(const Problem& pr) {
   pl.pixels = SpatialCount(p.out);
   const size_t image_cols = static_cast<size_t>(pl.pixels * pl.cr) * ElemBytes(in);
   const int64_t image_x = SpatialCount(p.in) * p.c[0];  // per image; a chunk's x and dx stay below 2^31
-  pl.images = std::max<int64_t>(1, std::min({p.n[0], static_cast<int64_t>(kChunkBytes / image_cols), kMaxIndex / image_x}));
+  pl.images = std::max<int64_t>(
+      1, std::min({p.n[0], static_cast<int64_t>(kChunkBytes / image_cols), kMaxIndex / image_x}));
   pl.chunks = CeilDiv(p.n[0], pl.images);
   const int64_t last = p.n[0] - (pl.chunks - 1) * pl.images;
   const int64_t kk = p.k[0];

@@ -441,7 +441,8 @@ namespace variants::implicit_gemm_im2col_fused_fwd {
 std::string Applies(const Problem& pr) {
   if (std::string why = cuda::Im2colError(pr); !why.empty()) return why;
   if (pr.dev.arch < 80) return "the mma.sync kernels need sm_80 or newer";
-  const cuda::FfLaunch l = cuda::WithFfKernels(pr.p, pr.in, [&](auto k) { return cuda::ChooseFusedFwd<decltype(k)>(pr); });
+  const cuda::FfLaunch l =
+      cuda::WithFfKernels(pr.p, pr.in, [&](auto k) { return cuda::ChooseFusedFwd<decltype(k)>(pr); });
   if (l.wn == 0) return "its filter slice and patch do not fit shared memory (taps * c <= 160)";
   return {};
 }

@@ -93,7 +93,9 @@ size_t FilterBytes(const Problem& pr) {
 std::string PlanError(const Problem& pr) {
   const ConvParams& p = pr.p;
   const DType in = pr.in;
-  if (pr.dev.arch != 90) return "the Hopper kernels run on sm_90 only";
+  if (pr.dev.arch != 90 || !cuda::IgemmSm90Built()) {
+    return "the Hopper kernels run on sm_90, in builds with sm_90a code";
+  }
   if (pr.op != Op::kDgrad || pr.out != in || (in != DType::kF32 && in != DType::kBF16 && in != DType::kF16)) {
     return "it runs data gradients of 16-bit or float32 operands with the result in that dtype";
   }
@@ -107,7 +109,7 @@ std::string PlanError(const Problem& pr) {
     return "it takes 2 to 8 stride phases, each with taps and rows, dilation 1 and no negative padding";
   }
   if (!cuda::IgemmSm90ScatterFwdSupports(ph.pr, ph.count, math)) {
-    return "the Hopper scatter forward does not take its phases (sm_90a builds)";
+    return "the Hopper scatter forward does not take its phases";
   }
   if (!cuda::igemm::PhaseFiltersFit(p, p.k[0] * static_cast<int64_t>(cuda::igemm::InBytes(in)))) {
     return "the sub-filters' indices pass 32 bits";

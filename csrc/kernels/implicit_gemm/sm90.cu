@@ -11,6 +11,9 @@
 
 namespace jaxconv {
 namespace cuda {
+
+bool IgemmSm90Built() { return JAXCONV_SM90_KERNELS != 0; }
+
 bool IgemmSm90Supports(const IgemmProblem& pr, Op op, IgemmMath math) {
 #if JAXCONV_SM90_KERNELS
   if (!BasicChecks(pr, op, math)) return false;
@@ -142,10 +145,12 @@ cudaError_t IgemmSm90Run(const IgemmProblem& pr, Op op, IgemmMath math, const Ig
 namespace variants::implicit_gemm_sm90 {
 
 std::string PlanError(const Problem& pr) {
-  if (pr.dev.arch != 90) return "the Hopper kernels run on sm_90 only";
+  if (pr.dev.arch != 90 || !cuda::IgemmSm90Built()) {
+    return "the Hopper kernels run on sm_90, in builds with sm_90a code";
+  }
   if (!cuda::IgemmSm90Supports(cuda::igemm::ToProblem(pr.p, pr.in), pr.op, cuda::MathFor(pr.p, pr.in))) {
     return "the Hopper kernels do not take it (unit-stride 16-bit dgrad, 16-bit wgrad, no 3xTF32; pads <= 16, "
-           "windows under 32 taps; sm_90a builds)";
+           "windows under 32 taps)";
   }
   return {};
 }

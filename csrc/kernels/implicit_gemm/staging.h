@@ -31,8 +31,8 @@ cudaError_t CopyChannels(DType in, const void* src, void* dst, int64_t rows, int
 cudaError_t TransposeF32(const void* in, void* out, int64_t rows, int64_t cols, int64_t batch, int64_t ibs,
                          int64_t irs, int64_t obs, int64_t ors, cudaStream_t s);
 
-// The sub-filters of data gradients run as forwards (flipped_dgrad_sm90.cu: one phase of every tap; phased_dgrad_sm90.cu:
-// one per stride phase): per phase, the taps first + (count - 1 - j) * step (j < count) of each dim, flipped, as the
+// The sub-filters of data gradients run as forwards (flipped_dgrad_sm90.cu: one phase of every tap;
+// phased_dgrad_sm90.cu: one per stride phase): per phase, the taps first + (count - 1 - j) * step (j < count) of each dim, flipped, as the
 // forward's KTRSC filter with output channels C and input channels K: out[off + ((c * count0 + t) * count1 + r) *
 // count2 + s][:] = w[(t', r', s')][c][:], t' = first0 + (count0 - 1 - t) * step0 and so on.
 struct PhaseFilters {

@@ -61,7 +61,9 @@ constexpr size_t kMaxSwappedStaging = size_t(2) << 30;
 
 std::string PlanError(const Problem& pr) {
   const ConvParams& p = pr.p;
-  if (pr.dev.arch != 90) return "the Hopper kernels run on sm_90 only";
+  if (pr.dev.arch != 90 || !cuda::IgemmSm90Built()) {
+    return "the Hopper kernels run on sm_90, in builds with sm_90a code";
+  }
   if (pr.op != Op::kWgrad || pr.in != DType::kF32 || pr.out != DType::kF32 ||
       cuda::MathFor(p, pr.in) != cuda::IgemmMath::kTF32) {
     return "it runs float32 filter gradients at DEFAULT precision (TF32)";
@@ -74,7 +76,7 @@ std::string PlanError(const Problem& pr) {
   if (!cuda::igemm::StagedKernelExists(p, Op::kWgrad, pr.in)) return "no staged conv kernel takes the problem";
   if (!cuda::IgemmSm90LargeWindowSupports(SwappedWgradProblem(p))) {
     return "the Hopper large-window forward does not take the swapped problem (1-D or 2-D, windows up to 255 "
-           "positions; sm_90a builds)";
+           "positions)";
   }
   return {};
 }
