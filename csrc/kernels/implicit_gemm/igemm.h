@@ -1,7 +1,7 @@
 // Implicit-GEMM convolutions on tensor cores (CUTLASS), the "implicit_gemm" algorithm family.
 //
-// The kernels see canonical, dense, channels-innermost tensors only (implicit_gemm.cu converts jaxconv's
-// layouts into these, in the op's workspace):
+// The kernels see canonical, dense, channels-innermost tensors only (the family's variants convert jaxconv's
+// layouts into these, in the op's workspace: staging.h):
 //   x  (N, D, H, W, C)    activations          y  (N, Z, P, Q, K)   output of fprop / input of dgrad
 //   w  (K, T, R, S, C)    filter ("KTRSC")
 // 1-D and 2-D problems have D = T = Z = 1 (and H = R = P = 1 for 1-D): every kernel is a 3-D convolution.
@@ -9,10 +9,11 @@
 //   d = z*stride[0] - pad_lo[0] + t*dil[0]   (likewise h, w), out-of-range positions read as zero.
 //
 // Two implementations share this interface:
-//   igemm_sm90.cu  Hopper: TMA im2col loads, wgmma, warp-specialised (CUTLASS 3.x conv collectives).
-//   igemm_sm80.cu  Ampere mma.sync (CUTLASS 2.x implicit GEMM): the fallback on every sm_80+ GPU, strided
-//                  data gradients, and 3xTF32 for float32 HIGHEST.
-// implicit_gemm.cu picks one per call (device arch + the Supports predicates below).
+//   sm90*.cu  Hopper: TMA im2col loads, wgmma, warp-specialised (CUTLASS 3.x conv collectives).
+//   sm80.cu   Ampere mma.sync (CUTLASS 2.x implicit GEMM): every sm_80+ GPU, strided data gradients, and 3xTF32
+//             for float32 HIGH and HIGHEST.
+// Each is a registry variant (implicit_gemm.sm90, implicit_gemm.sm80; dispatch/variants.def), which the Supports
+// predicates below decide together with the device arch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -74,23 +75,25 @@ struct IgemmArgs {
 //   Run: enqueues the op on `stream` (no allocation, no synchronisation), returns the first CUDA error;
 //     cudaErrorNotSupported when the problem is not supported, cudaErrorInvalidValue on a short workspace.
 // The sm90 functions report Supports == false when the build has no sm_90a code.
+// Whether this build has the Hopper kernels (sm_90a code for the *sm90* files).
+bool IgemmSm90Built();
 bool IgemmSm90Supports(const IgemmProblem& pr, Op op, IgemmMath math);
 size_t IgemmSm90WorkspaceBytes(const IgemmProblem& pr, Op op, IgemmMath math);
 cudaError_t IgemmSm90Run(const IgemmProblem& pr, Op op, IgemmMath math, const IgemmArgs& args,
                          cudaStream_t stream);
 
-// The large-window TF32 forward (igemm_sm90.cu, Hopper): float32 operands as TF32, f32 y. A 1-D or 2-D problem (D =
+// The large-window TF32 forward (sm90_dgrad.cu, Hopper): float32 operands as TF32, f32 y. A 1-D or 2-D problem (D =
 // T = Z = 1, no depth padding) whose window may reach over up to 255 input positions per dim ((win - 1) * dil < 255,
 // pads <= 256: the rank-2 TMA im2col box), for few output tiles over a long reduction: always split over it (f32
 // slices in the workspace, added in a fixed order). y is written batch-inner, (Z, P, Q, N, K). No bias or
-// activation (args.bias null, act kActNone); out_type is ignored. implicit_gemm.cu runs the TF32 filter gradient
-// through it. Contract as above.
+// activation (args.bias null, act kActNone); out_type is ignored. The TF32 filter gradient runs through it
+// (swapped_wgrad_sm90.cu). Contract as above.
 bool IgemmSm90LargeWindowSupports(const IgemmProblem& pr);
 size_t IgemmSm90LargeWindowWorkspaceBytes(const IgemmProblem& pr);
 cudaError_t IgemmSm90LargeWindowRun(const IgemmProblem& pr, const IgemmArgs& args, cudaStream_t stream);
 
-// Hopper forwards written through strided views of one larger tensor, in one launch (igemm_sm90.cu; the phases of a
-// strided data gradient, implicit_gemm.cu). Phase i computes the forward pr (operands a = x, b = w as above) and
+// Hopper forwards written through strided views of one larger tensor (sm90_scatter.cu; the phases of a strided data
+// gradient, phased_dgrad_sm90.cu). Phase i computes the forward pr (operands a = x, b = w as above) and
 // writes its y[n, z, p, q, :] to out + n * out_stride[0] + z * out_stride[1] + p * out_stride[2] + q * out_stride[3]
 // (elements, the k channels contiguous; out and every stride a multiple of two elements); other elements are left
 // untouched. All phases have the same k; at most kMaxScatterPhases; one launch each, in order, the later ones as
@@ -112,7 +115,7 @@ size_t IgemmSm80WorkspaceBytes(const IgemmProblem& pr, Op op, IgemmMath math);
 cudaError_t IgemmSm80Run(const IgemmProblem& pr, Op op, IgemmMath math, const IgemmArgs& args,
                          cudaStream_t stream);
 
-// ---- gemm1x1_sm90.cu: 1x1 convolutions as Hopper GEMMs (CUTLASS 3.x, TMA + wgmma, two consumer warpgroups) ----
+// ---- gemm1x1_sm90*.cu: 1x1 convolutions as Hopper GEMMs (CUTLASS 3.x, TMA + wgmma, two consumer warpgroups) ----
 // 1x1 convolutions (window 1 in every dim, stride 1, no padding, dilation 1, groups 1, channels-last) as GEMMs on
 // jaxconv's own layouts: x (M = N*D*H*W, C) row-major, w (C, K) row-major (the channels-last filter with T=R=S=1), y /
 // dy (M, K) row-major, dx (M, C), dw (C, K). No staging: the kernels read and write the caller's buffers. Operands
@@ -127,15 +130,6 @@ bool Gemm1x1Sm90Supports(const ConvParams& p, Op op, DType in, DType out);
 size_t Gemm1x1Sm90WorkspaceBytes(const ConvParams& p, Op op, DType in, DType out);
 cudaError_t Gemm1x1Sm90Run(const ConvParams& p, Op op, DType in, DType out, const void* a, const void* b,
                            const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s);
-
-// ---- im2col_gemm.cu: first layers (c * element size < 16 bytes, more than one tap) as 1x1 problems ----
-// The window is unrolled into a (pixels, taps*c) matrix and the 1x1 problem runs through ImplicitGemmRun (see
-// the file). Applies: the routing predicate (pure host code); the other two follow ImplicitGemm*'s contract,
-// Run returning cudaErrorNotSupported (nothing enqueued) on a short workspace.
-bool Im2colGemmApplies(const ConvParams& p, DType in);
-size_t Im2colGemmWorkspaceBytes(const ConvParams& p, Op op, DType in, int64_t algo);
-cudaError_t Im2colGemmRun(const ConvParams& p, Op op, DType in, DType out, int64_t algo, const void* a, const void* b,
-                          const void* bias, void* out_buf, void* workspace, size_t workspace_bytes, cudaStream_t s);
 
 }  // namespace cuda
 }  // namespace jaxconv

@@ -44,7 +44,7 @@
 //          strided kernel at stride 1 is 10-25% slower than the unit-stride one, hence both. 3xTF32 at unit stride
 //          on small grids in parallel split-K, as fprop.
 //   wgrad: Conv2dWgrad kOptimized, A = dy (K x NPQ), B = x (NPQ x RSC), D = dw (K x RSC), f32 out; parallel
-//          split-K into the workspace + ReduceSplits (direct.cu, fixed order: deterministic).
+//          split-K into the workspace + ReduceSplits (shared/reduce_splits.cu, fixed order: deterministic).
 // WORKSPACE: wgrad: splits * K * R * S * C * 4 bytes when splits > 1, else 0, with (16-bit, TF32)
 //   splits = clamp(ceil(264 / tiles), 1, min(256, N*D*P*Q / 1024)), tiles = ceil(K / tm) * ceil(R*S*C / 128),
 //   tm = 64 for 16-bit K <= 64 (narrow), else 128 (264 = 2 CTAs on each of kPlanSms = 132 SMs), or (3xTF32) the
@@ -57,10 +57,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <type_traits>
 
-#include "kernels/shared/common.cuh"
+#include "kernels/implicit_gemm/family.h"
 #include "kernels/implicit_gemm/igemm.h"
+#include "kernels/implicit_gemm/staging.h"
+#include "kernels/shared/common.cuh"
 
 #include "cutlass/cutlass.h"
 #include "cutlass/array.h"
@@ -177,11 +180,10 @@ bool MapProblem(const IgemmProblem& pr, Op op, IgemmMath math, Conv2dProblemSize
 // 3xTF32 split-K plans (wgrad; fprop and unit-stride dgrad on small grids). Its 128x128 kernels hold 255 registers
 // a thread over 8 warps, so one CTA fits an SM and kPlanSms of them run at once. s slices then take about
 // ceil(tiles * s / kPlanSms) rounds of a slice's K steps, taps * ceil(chunks / s), at about k3xStepUs each, plus s
-// partial outputs written and read back at about 3 TB/s. H200, float32 HIGHEST (runs 316-317): ResNet-50 res5's 3x3
-// forward at batch 32, 52 tiles of 9 x 32 steps, took 281 us unsplit (2 rounds: 288 steps) and 169 us + 6.6 us of
-// reduction in 6 slices (3 rounds of 54 steps); the batch-1 3x3 128 -> 128 at 14x14, 2 tiles of 72 steps, 73 us
-// unsplit. The 264-CTA aim of the 16-bit and TF32 wgrad plans below (two CTAs an SM) overfilled this kernel's waves
-// (res4's 3x3 filter gradient at batch 32: 165 us in 6 slices, 186 us in 8).
+// partial outputs written and read back at about 3 TB/s (fitted to float32 HIGHEST runs of ResNet-50 res5's 3x3
+// forward at batch 32, 52 tiles of 9 x 32 steps, unsplit and in 6 slices, and of a batch-1 3x3 128 -> 128 at 14x14).
+// The 264-CTA aim of the 16-bit and TF32 wgrad plans below (two CTAs an SM) overfilled this kernel's waves (res4's
+// 3x3 filter gradient at batch 32 ran slower in 8 slices than in 6).
 constexpr double k3xStepUs = 1.0;
 int64_t Plan3xSplits(int64_t tiles, int64_t taps, int64_t chunks, int64_t out_elems, int64_t max_splits) {
   int64_t best = 1;
@@ -341,10 +343,9 @@ template <> struct MathCfg<IgemmMath::kF16> : Cfg16<cutlass::half_t> {};
 
 template <IgemmMath M> struct NarrowCfg { static constexpr bool kHas = false; };
 #if JAXCONV_IGEMM_SM80_NARROW_TILES
-// 16-bit narrow tiles. H100, bf16, batch 32 (us, 128x128 -> narrow): fprop 3x3 64->64 @56x56 46 -> 33,
-// 1x1 64->64 17.7 -> 13.2, 3x3 512->512 @7x7 51 -> 37; dgrad likewise; wgrad (64x128) 3x3 64->64 103 -> 63,
-// 1x1 64->64 33 -> 24. Where the 128x128 grid is large they lose (3x3 256->256 @14x14: 29 -> 36), hence
-// UseNarrowN. 5 stages: 60 KiB of shared memory, two CTAs per SM on A100 too.
+// 16-bit narrow tiles: on the H100 (bf16 ResNet-50 layers, batch 32) they ran fprop, dgrad and wgrad (64x128) with
+// 64 channels and small 7x7 grids about a quarter to a third faster than the 128x128 tiles. Where the 128x128 grid is
+// large they lose (3x3 256->256 at 14x14), hence UseNarrowN. 5 stages: 60 KiB of shared memory, two CTAs per SM on A100 too.
 template <class E> struct Cfg16Narrow : Cfg16<E> {  // fprop, dgrad: GEMM tile 128 x 64
   using Tile = cutlass::gemm::GemmShape<128, 64, 32>;
   using Warp = cutlass::gemm::GemmShape<64, 32, 32>;
@@ -626,4 +627,34 @@ cudaError_t IgemmSm80Run(const IgemmProblem& pr, Op op, IgemmMath math, const Ig
 }
 
 }  // namespace cuda
+
+// implicit_gemm.sm80: the staged problem (staging.h) on these kernels.
+namespace variants::implicit_gemm_sm80 {
+
+std::string PlanError(const Problem& pr) {
+  if (pr.dev.arch < 80) return "the mma.sync kernels need sm_80 or newer";
+  if (!cuda::IgemmSm80Supports(cuda::igemm::ToProblem(pr.p, pr.in), pr.op, cuda::MathFor(pr.p, pr.in))) {
+    return "the mma.sync kernels take 1-D and 2-D problems (a 1-deep window, unit depth stride), windows up to 32 "
+           "taps a dim, no strided and dilated data gradient, 32-bit extents";
+  }
+  return {};
+}
+
+std::string Applies(const Problem& pr) {
+  if (std::string why = cuda::igemm::FamilyError(pr); !why.empty()) return why;
+  return PlanError(pr);
+}
+
+size_t Workspace(const Problem& pr) {
+  const cuda::IgemmProblem ip = cuda::igemm::ToProblem(pr.p, pr.in);
+  return cuda::igemm::StagingOf(pr.p, pr.op, pr.in).bytes() +
+         cuda::igemm::AlignUp(cuda::IgemmSm80WorkspaceBytes(ip, pr.op, cuda::MathFor(pr.p, pr.in)));
+}
+
+cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
+  if (b.ws_bytes < Workspace(pr)) return cudaErrorInvalidValue;
+  return cuda::igemm::RunStaged(pr, b, cuda::IgemmSm80Run, s);
+}
+
+}  // namespace variants::implicit_gemm_sm80
 }  // namespace jaxconv
