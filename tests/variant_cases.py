@@ -48,6 +48,31 @@ CATALOGUE = {
         Case((2, 3001, 1), (257, 1, 1)),
         Case((1, 2053, 2), (131, 2, 3), dtype="bfloat16", padding=((70, 3),)),
     ],
+    # ---- tensor cores ----
+    "implicit_gemm.im2col_frag": [
+        Case((1, 17, 19, 3), (3, 3, 3, 16), ops=(FWD,)),
+        Case((1, 15, 13, 3), (3, 3, 3, 32), dtype="bfloat16", ops=(FWD,)),
+    ],
+    "implicit_gemm.im2col_fused_fwd": [Case((2, 37, 41, 3), (7, 7, 3, 64), dtype="bfloat16", ops=(FWD,), stride=2)],
+    "implicit_gemm.im2col_fused_wgrad": [
+        Case((2, 37, 41, 3), (7, 7, 3, 64), dtype="bfloat16", ops=(WGRAD,), stride=2)],
+    "implicit_gemm.im2col_chunked": [Case((2, 23, 29, 3), (5, 5, 3, 16), dtype="bfloat16")],
+    "implicit_gemm.gemm1x1_sm90": [
+        Case((2, 14, 13, 64), (1, 1, 64, 128), dtype="bfloat16", padding="VALID"),
+        Case((2, 14, 13, 64), (1, 1, 64, 96), ops=(FWD,), padding="VALID", precision="default"),
+    ],
+    "implicit_gemm.flipped_dgrad_sm90": [Case((2, 14, 15, 64), (3, 3, 64, 64), ops=(DGRAD,), precision="default")],
+    "implicit_gemm.phased_dgrad_sm90": [
+        Case((2, 15, 17, 64), (3, 3, 64, 64), dtype="bfloat16", ops=(DGRAD,), stride=2)],
+    "implicit_gemm.swapped_wgrad_sm90": [Case((4, 14, 15, 32), (3, 3, 32, 64), ops=(WGRAD,), precision="default")],
+    "implicit_gemm.sm90": [
+        Case((2, 14, 15, 64), (3, 3, 64, 64), dtype="bfloat16"),
+        Case((2, 6, 7, 9, 32), (3, 3, 3, 32, 64), dtype="bfloat16", ops=(FWD,)),
+    ],
+    "implicit_gemm.sm80": [
+        Case((2, 13, 11, 24), (3, 3, 24, 32)),
+        Case((2, 13, 11, 16), (3, 3, 16, 32), dtype="bfloat16", stride=2),
+    ],
     # ---- few channels ----
     "small.plane_stencil": [
         Case((1, 67, 64, 1), (3, 3, 1, 1)),
