@@ -9,7 +9,8 @@
 # ab: an A/B of this tree against the source tree in ab/old (another commit, e.g. `git archive REV | tar -x -C
 # ab/old`), both built here (the old one beside this one's build step), this tree's benchmark package used for
 # both; passes alternate old/new AB_PAIRS times (default 2) over the suite (AB_ARGS: extra ab_suite.py run
-# arguments), then benchmarks/ab_suite.py compare prints the slowest measurements.
+# arguments), then benchmarks/ab_suite.py compare prints the slowest measurements. AB_BUILD=1 builds ab/old in the
+# build step even when ab is not among the steps (for a later call on the same machine).
 #
 # Wheels in .whl/ (carried: the nvidia-cutlass headers) are installed first.
 # Environment: JAXCONV_CUDA_ARCHS (default 90a), JAXCONV_FUZZ_CASES (default 300 per dtype),
@@ -43,7 +44,7 @@ if [[ " $steps " == *" build "* ]]; then
   for whl in .whl/*.whl; do
     [ -e "$whl" ] && $PY -m pip install -q --no-deps --no-index "$whl" >> "$OUT/build.log" 2>&1
   done
-  if [ -d ab/old ] && [[ " $steps " == *" ab "* ]]; then
+  if [ -d ab/old ] && { [[ " $steps " == *" ab "* ]] || [ "${AB_BUILD:-0}" = 1 ]; }; then
     # The A/B's old tree builds in place beside this one (half the cores each), its .so next to its package.
     ( cd ab/old && cmake -S . -B build-ab -G Ninja -DJAXCONV_CUDA=ON -DJAXCONV_CUDA_ARCHS="${JAXCONV_CUDA_ARCHS:-90a}" \
         -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)" \
