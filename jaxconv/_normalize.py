@@ -220,8 +220,10 @@ def plan(lhs, rhs, bias=None, *, window_strides, padding, lhs_dilation=None, rhs
                   poison=poison)
   if algorithm != registry.AUTO and registry.has_kernels():
     # A forced request is checked against the GPU predicates of its forward op now, on the CPU too, so that a
-    # program fails the same way on both platforms (the CPU runs every problem with its one kernel set).
-    choice = registry.resolve("fwd", spec.ffi_params(n, c, k), compute_dt, kernel_out_dt)
+    # program fails the same way on both platforms (the CPU runs every problem with its one kernel set); a
+    # variant without a forward kernel hands the forward to its family.
+    fwd = spec.replace(algorithm=registry.op_request("fwd", algorithm))
+    choice = registry.resolve("fwd", fwd.ffi_params(n, c, k), compute_dt, kernel_out_dt)
     if not choice.ok:
       raise ValueError(f"{fn}: algorithm={algorithm!r} cannot run this convolution: {choice.why}")
   # Output axis a holds logical dim argsort(out_spec)[a]; find where the native result keeps it.

@@ -108,6 +108,20 @@ def device() -> DeviceInfo:
 # ---------------------------------------------------------------------------------------------------------
 # The choice.
 # ---------------------------------------------------------------------------------------------------------
+def selects(request: str, name: str) -> bool:
+  """Whether a request ("auto", a family or a variant name) selects the variant called `name`."""
+  return request == AUTO or any(v.name == name and request in v.selectors for v in variants())
+
+
+def op_request(op: str, request: str) -> str:
+  """The request an op runs: a forced variant that has no kernel for this op (a forward-only variant, say, under
+  differentiation) hands the op to its family."""
+  for v in variants():
+    if v.name == request:
+      return request if op in v.ops else v.family
+  return request
+
+
 def _args(op, params, dtype, out_dtype, dev):
   if op not in OPS:
     raise ValueError(f"op must be one of {OPS}, got {op!r}")

@@ -227,10 +227,10 @@ def test_convnd_algorithm_unknown():
     ("long1d", (2, 40, 4), (9, 4, 4), dict(stride=2), "stride"),               # strided
     ("depthwise", (2, 6, 6, 4), (3, 3, 4, 4), {}, "groups == c == k"),         # dense
     ("small", (2, 6, 6, 32), (3, 3, 32, 4), {}, "c <= 16"),                    # too many input channels
-    ("small", (2, 4, 6, 6), (4, 4, 3, 3), dict(data_format="channels_first"), "channels-last"),
-    ("implicit_gemm", (2, 6, 6, 8), (3, 3, 8, 67), {}, "k a multiple of 8"),   # unaligned output channels
+    ("small", (2, 6, 6, 4), (3, 3, 1, 4), dict(groups=4), "no groups"),       # grouped
+    ("implicit_gemm", (2, 6, 6, 8), (3, 3, 8, 67), {}, "k a multiple of 4"),   # unaligned output channels
     ("implicit_gemm", (2, 6, 6, 8), (3, 3, 1, 8), dict(groups=8), "groups"),  # grouped
-    ("implicit_gemm_sm80", (2, 4, 6, 6), (8, 4, 3, 3), dict(data_format="channels_first"), "channels-last"),
+    ("implicit_gemm_sm80", (2, 6, 6, 8), (3, 3, 8, 67), {}, "k a multiple of 4"),
 ])
 def test_forced_algorithm_that_does_not_apply_fails_at_trace_time(algorithm, x_shape, w_shape, kw, missing):
   """A forced algorithm is checked against its variants' predicates (the registry's code) when the function is traced,

@@ -158,6 +158,13 @@ def _run(name, math, algo, rng):
   with cu.gpu_context(dtype):
     x = cu.to_gpu(cu.randn(rng, shape, dtype))
     w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), dtype))
+    try:
+      jax.eval_shape(conv, x, w)
+    except ValueError as e:
+      # No variant of the forced family takes this forward (a 3-D problem on the mma.sync kernels, say): the
+      # request fails when traced, naming it, and the problem is checked under auto instead.
+      assert f"algorithm='{algo}' cannot run this convolution" in str(e), e
+      conv = functools.partial(conv, algorithm="auto")
     y = jax.jit(conv)(x, w)
     ct = cu.to_gpu(cu.randn(rng, y.shape, dtype))
     dx, dw = jax.jit(lambda x, w, ct: jax.vjp(conv, x, w)[1](ct))(x, w, ct)

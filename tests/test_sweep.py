@@ -147,7 +147,8 @@ def test_ratio_summary_on_known_ratios():
 
 def _tiny_sweep(out, *extra):
   return subprocess.run([sys.executable, "-m", "jaxconv.bench", "--sweep", "2", "--seed", "5", "--repeats", "3",
-                         "--out", str(out), *extra], capture_output=True, text=True, timeout=600)
+                         "--sweep-scale", "tiny", "--out", str(out), *extra], capture_output=True, text=True,
+                        timeout=600)
 
 
 def test_a_tiny_sweep_runs_end_to_end_on_the_cpu(tmp_path):

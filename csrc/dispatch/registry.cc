@@ -128,8 +128,8 @@ int Resolve(const Problem& pr, int64_t request, std::string* why, size_t max_ws,
     if (r.empty() && request == kRequestAuto && v.prefer != nullptr) r = v.prefer(pr);
     if (r.empty() && v.workspace != nullptr && v.workspace(pr) > max_ws) r = "its workspace does not fit";
     if (r.empty()) return i;
-    // A forced request explains every variant it selected; auto's walk is long, and only reaches here when even the
-    // direct kernels are refused.
+    // The reasons name every selected variant that has a kernel for the op (a forced variant: whatever its reason).
+    if (!(v.ops & OpBit(pr.op)) && request < kVariantRequestBase) continue;
     reasons += std::string(reasons.empty() ? "" : "; ") + v.name + ": " + r;
   }
   if (why != nullptr) {

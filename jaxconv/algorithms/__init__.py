@@ -29,6 +29,7 @@ _FAMILY_DESCRIPTIONS = {
     "small": "few channels (c <= 16, k <= 64), channels-last, no groups: first layers, 1-channel images",
     "implicit_gemm": "tensor cores (CUTLASS implicit GEMM): channels-last, no groups, aligned output channels",
     "implicit_gemm_sm80": "implicit_gemm's mma.sync (sm_80) kernels only, also on Hopper",
+    "xla": "XLA's own convolution (cuDNN on the GPU): auto's floor where no jaxconv kernel runs the problem",
 }
 
 

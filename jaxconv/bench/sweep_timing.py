@@ -23,7 +23,7 @@ import numpy as np
 
 from . import cases as _cases
 from . import stream_timer
-from .harness import _impl_fn, _w_scale, batched, expected_jaxconv_calls, hlo_counts, make_op
+from .harness import _impl_fn, _w_scale, batched, hlo_counts, make_op, missing_jaxconv_ops
 
 # Relative error (max |a - b| / max |b|) between jaxconv's and lax's outputs of set 0 above which a measurement is
 # flagged: bf16 results round at 2^-8; float32 at DEFAULT precision is TF32 (10-bit mantissa) on the GPU.
@@ -169,13 +169,12 @@ def _rel_err(a, b):
 
 
 def _hlo_flags(prog, nsets):
-    """jaxconv's program must hold its custom calls (a silent fallback would time something else)."""
+    """jaxconv's program must hold its convolution ops (a silent fallback would time something else)."""
     try:
         got = hlo_counts(prog.compiled.as_text())
     except Exception:  # as_text is best-effort
         return []
-    exp = expected_jaxconv_calls(prog.op, nsets)
-    missing = {k: (got.get(k, 0), v) for k, v in exp.items() if got.get(k, 0) < v}
+    missing = missing_jaxconv_ops(got, prog.op, nsets)
     return [f"hlo_missing_calls:{missing}"] if missing else []
 
 

@@ -22,18 +22,14 @@ from jaxconv.spec import ConvSpec
 from jaxconv.tuning import cache
 
 
-def op_request(op: str, request: str) -> str:
-  """The request an op runs: a forced variant that has no kernel for this op (a forward-only variant, say, under
-  differentiation) hands the op to its family."""
-  for v in registry.variants():
-    if v.name == request:
-      return request if op in v.ops else v.family
-  return request
-
-
 def choose(op: str, spec: ConvSpec, nck, dtype, out_dtype, dev=None) -> registry.Choice:
-  """The variant a CUDA lowering of this op runs, and its workspace; ValueError when the request has none."""
-  request = op_request(op, spec.algorithm)
+  """The variant a CUDA lowering of this op runs, and its workspace.
+
+  The forward runs the spec's request (ValueError when nothing it selects applies). The gradient ops run it where
+  it can, else the registry's auto choice: a request forces the user's convolution, and a family written for a
+  forward need not have every gradient of it.
+  """
+  request = registry.op_request(op, spec.algorithm)
   params = spec.replace(algorithm=request).ffi_params(*nck)
   if request == registry.AUTO and cache.autotune_mode() != "off":
     cached = cache.cached_choice(op, params, dtype, out_dtype)
@@ -43,6 +39,8 @@ def choose(op: str, spec: ConvSpec, nck, dtype, out_dtype, dev=None) -> registry
         return choice
       cache.warn_stale(op, cached, choice.why)
   choice = registry.resolve(op, params, dtype, out_dtype, dev)
+  if not choice.ok and op != "fwd" and request != registry.AUTO:
+    choice = registry.resolve(op, spec.replace(algorithm=registry.AUTO).ffi_params(*nck), dtype, out_dtype, dev)
   if not choice.ok:
     raise ValueError(f"jaxconv_{op}: {choice.why}")
   return choice
@@ -110,7 +108,10 @@ def _make_lowering(prim, platform):
     if platform != "cuda":
       return jax.ffi.ffi_lowering(prim.name)(ctx, *args, params=spec.ffi_params(*nck))
     # The request stays in the params (a forced one must not widen on another GPU); the variant is the choice.
-    params = spec.replace(algorithm=op_request(op, spec.algorithm)).ffi_params(*nck, variant=choice.index)
+    request = registry.op_request(op, spec.algorithm)
+    if not registry.selects(request, choice.name):
+      request = registry.AUTO  # a gradient op the request has no variant for (choose)
+    params = spec.replace(algorithm=request).ffi_params(*nck, variant=choice.index)
     ws = ShapedArray((choice.workspace_bytes,), np.uint8)
     out = jax.ffi.ffi_lowering(prim.name)(ctx.replace(avals_out=(*ctx.avals_out, ws)), *args, params=params)
     return out[:1]
