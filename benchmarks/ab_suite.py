@@ -11,8 +11,8 @@ nothing of jaxconv but conv_general_dilated and the stream timer). Alternate the
 
 A pass times every (case, dtype, op) of the suite with the sweep's method (jaxconv/bench/sweep_timing.py: device
 time between in-stream marks, median of rounds). `compare` pairs the passes in order (A1 with B1, A2 with B2, ...),
-takes each measurement's median B/A time ratio over the pairs, and the A/A spread (A1 against A2, ...) as the
-noise; it lists the measurements slower than --limit beyond that noise and exits 1 when there are any.
+takes each measurement's median B/A time ratio over the pairs, and A's spread (A1 against A2, and A's rounds within
+a pass) as its noise; it lists the measurements slower than --limit beyond that noise and exits 1 when there are any.
 """
 from __future__ import annotations
 
@@ -23,6 +23,40 @@ import sys
 import time
 
 DEFAULT_OPS = ("fwd", "dgrad", "wgrad")
+
+
+def _compile(case, dtypes, ops, nsets, impls, tag, threads):
+  """sweep_timing.compile_case with jaxconv's programs compiled on `threads` threads (they need no GPU to compile,
+  unlike lax's, whose cuDNN autotuning runs alone, one program after another)."""
+  import concurrent.futures
+
+  import jax
+
+  from jaxconv.bench import cases as _cases
+  from jaxconv.bench import stream_timer
+  from jaxconv.bench import sweep_timing as _timing
+  from jaxconv.bench.harness import _impl_fn, batched, make_op
+  progs = {}
+  for dt in dtypes:
+    npdt = jax.numpy.dtype(_cases.dtype_info(dt)[0])
+    abstract = [tuple(jax.ShapeDtypeStruct(tuple(s), npdt) for s in case.shapes())] * nsets
+    for op in ops:
+      for impl in impls:
+        timer = stream_timer.StreamTimer()
+        p = progs[(impl, dt, op)] = _timing._Program(impl, dt, op, timer)
+        try:
+          fn = batched(make_op(_impl_fn(impl), case, dt, op), nsets, f"{tag}_{impl}_{dt}_{op}".replace("+", "_")
+                       .replace("-", "_"))
+          p.lowered = jax.jit(timer.wrap(fn)).lower(abstract)
+        except Exception as e:  # reported as this measurement's failure
+          p.error = f"lower: {type(e).__name__}: {str(e)[:400]}"
+  live = [p for p in progs.values() if p.error is None]
+  for p in live:
+    if p.impl == "lax":
+      p.compile(None)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+    list(pool.map(lambda p: p.compile(None), [p for p in live if p.impl != "lax"]))
+  return progs
 
 
 def _run(args) -> int:
@@ -44,17 +78,18 @@ def _run(args) -> int:
       continue
     nsets = _timing.nsets_for(case)
     inputs = _timing.InputSets(case, dtypes, nsets, data_seed=i)
-    progs = _timing.compile_case(case, dtypes, ops, nsets, impls=impls, tag=f"ab{i}", host_work=inputs.prepare)
+    inputs.prepare()
+    progs = _compile(case, dtypes, ops, nsets, impls, f"ab{i}", args.threads)
     try:
       sets = inputs.get()
       for dt in dtypes:
         for op in ops:
           m = _timing.time_programs(progs, dt, op, sets[dt], impls=impls, repeats=args.repeats)
-          key = f"{case.name}|{dt}|{op}"
           rec = {impl: m["impls"][impl].get("time_s") for impl in impls}
-          rec["error"] = _timing.failure_of(m) if "jaxconv" not in m["impls"] or \
-              m["impls"]["jaxconv"].get("time_s") is None else ""
-          out["measurements"][key] = rec
+          samples = m["impls"]["jaxconv"].get("samples_s") or []
+          rec["spread"] = max(samples) / min(samples) - 1.0 if samples and min(samples) > 0 else None
+          rec["error"] = "" if rec.get("jaxconv") else _timing.failure_of(m)
+          out["measurements"][f"{case.name}|{dt}|{op}"] = rec
     finally:
       _timing.release(progs)
     print(f"[{time.perf_counter() - t_start:6.1f} s] {case.name}", file=sys.stderr, flush=True)
@@ -64,7 +99,8 @@ def _run(args) -> int:
 
 
 def compare(passes, limit):
-  """(rows, noise): rows = [(key, median B/A ratio over pairs, A/A spread)], worst first."""
+  """(rows, noise): rows = [(key, median B/A ratio over pairs, A's spread)], worst first. A's spread is the larger of
+  the A/A spread across passes and the spread of A's rounds within a pass."""
   a, b = passes[0::2], passes[1::2]
   keys = sorted(set.intersection(*(set(p["measurements"]) for p in passes)))
   rows, spreads = [], []
@@ -74,7 +110,8 @@ def compare(passes, limit):
     if any(t is None or t <= 0 for t in ta + tb):
       continue
     ratio = statistics.median(y / x for x, y in zip(ta, tb))
-    spread = max(ta) / min(ta) - 1.0 if len(ta) > 1 else 0.0
+    within = [p["measurements"][k].get("spread") or 0.0 for p in a]
+    spread = max(max(ta) / min(ta) - 1.0, statistics.median(within))
     spreads.append(spread)
     rows.append((k, ratio, spread))
   rows.sort(key=lambda r: -r[1])
@@ -91,7 +128,9 @@ def _compare(args) -> int:
     raise SystemExit("compare: give the passes as A B [A B ...]")
   rows, noise = compare(passes, args.limit)
   slower = [r for r in rows if r[1] > args.limit * (1.0 + r[2])]
-  print(f"{len(rows)} measurements, {len(passes) // 2} A/B pairs; median A/A spread {noise * 100:.1f}%")
+  failed = sorted(k for p in passes for k, m in p["measurements"].items() if m.get("error"))
+  print(f"{len(rows)} measurements, {len(passes) // 2} A/B pairs; median A spread {noise * 100:.1f}%; "
+        f"{len(failed)} failed {failed[:5]}")
   print(f"B/A time ratio: median {statistics.median(r[1] for r in rows):.3f}, "
         f"max {rows[0][1]:.3f} ({rows[0][0]}), min {rows[-1][1]:.3f} ({rows[-1][0]})")
   print(f"slower than {args.limit:.2f}x beyond their own A/A spread: {len(slower)}")
@@ -112,6 +151,7 @@ def main(argv=None) -> int:
   r.add_argument("--ops", default=",".join(DEFAULT_OPS))
   r.add_argument("--repeats", type=int, default=5)
   r.add_argument("--lax", action="store_true", help="also time lax (for a baseline)")
+  r.add_argument("--threads", type=int, default=8, help="threads compiling jaxconv's programs")
   c = sub.add_parser("compare", help="compare passes given as A B [A B ...]")
   c.add_argument("passes", nargs="+")
   c.add_argument("--limit", type=float, default=1.03)

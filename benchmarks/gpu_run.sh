@@ -101,7 +101,7 @@ if [[ " $steps " == *" sanitize "* ]]; then
       [ "$dev" = 0 ] && [ $rc = 0 ] || rc=86
       [ $rc = 0 ] || [ "$dev" = 0 ] || grep -A1 "Uninitialized __global__" "$OUT/sanitize_$tool.log" | grep " at " | sort | uniq -c | head
     fi
-    cases=$(grep -o "sanitizer cases: [0-9]* x 2 dtypes" "$OUT/sanitize_$tool.log" | tail -1)
+    cases=$(grep -o "sanitizer cases: [0-9]* runs" "$OUT/sanitize_$tool.log" | tail -1)
     row "$tool" "$([ $rc = 0 ] && echo ok || echo FAILED)" \
       "${summary:-no summary}; ${cases:-no cases ran} rc=$rc ($(( $(date +%s) - t0 )) s)"
     [ $rc = 0 ] || tail -25 "$OUT/sanitize_$tool.log"

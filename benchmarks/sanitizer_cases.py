@@ -1,10 +1,13 @@
-"""Small convolutions that reach every CUDA kernel family and op, for compute-sanitizer runs.
+"""Small convolutions that reach every CUDA kernel variant and op, for compute-sanitizer runs: the cases below (each
+family forced; edge cases such as barrier phases that wrap over many tiles) and, as "variant <name> <i>", every case
+of the variant catalogue (tests/variant_cases.py) with its variant forced.
 
 Run under `compute-sanitizer --tool {memcheck,racecheck,initcheck}`; exits non-zero if any result is wrong
 (references are computed on the CPU backend so the sanitizer sees only GPU work that jaxconv launched, plus
 XLA's own small kernels). Debug poison is on: outputs start as NaN, so an unwritten element fails the check.
 """
 
+import os
 import re
 import sys
 
@@ -162,18 +165,33 @@ def run_case(name, nsp, xshape, window, k, groups, stride, dilation, padding, al
   return ok
 
 
+def catalogue_cases():
+  """(case tuple as above, dtype) of every variant catalogue case, its variant forced, float64 run as float32."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+  import variant_cases
+  out = []
+  for name, cases in variant_cases.CATALOGUE.items():
+    for i, c in enumerate(cases):
+      nsp = c.nspatial
+      tup = lambda v: (v,) * nsp if isinstance(v, int) else tuple(v)
+      dtype = {"float64": jnp.float32}.get(c.dtype, jnp.dtype(c.dtype))
+      out.append(((f"variant {name} {i}", nsp, c.x, c.w[:-2], c.w[-1], c.groups, tup(c.stride), tup(c.dilation),
+                   c.padding, name, c.precision), dtype))
+  return out
+
+
 def main():
   # Optional regular expression searched in case names ("igemm|depthwise"). Selecting no case is an error: a
-  # sanitizer run over nothing would report clean (run 98 passed "igemm|1x1" when this was a substring match).
+  # sanitizer run over nothing would report clean.
   only = sys.argv[1] if len(sys.argv) > 1 else ""
-  cases = [c for c in CASES if re.search(only, c[0])]
-  if not cases:
+  runs = [(c, dt) for c in CASES for dt in (jnp.float32, jnp.bfloat16)] + catalogue_cases()
+  runs = [(c, dt) for c, dt in runs if re.search(only, c[0])]
+  if not runs:
     sys.exit(f"sanitizer_cases.py: no case name matches {only!r}")
   ok = True
-  for case in cases:
-    for dtype in (jnp.float32, jnp.bfloat16):
-      ok &= run_case(*case[:10], dtype, *case[10:])
-  print(f"sanitizer cases: {len(cases)} x 2 dtypes,", "all correct" if ok else "WRONG RESULTS")
+  for case, dtype in runs:
+    ok &= run_case(*case[:10], dtype, *case[10:])
+  print(f"sanitizer cases: {len(runs)} runs,", "all correct" if ok else "WRONG RESULTS")
   sys.exit(0 if ok else 1)
 
 
