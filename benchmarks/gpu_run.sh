@@ -4,7 +4,7 @@
 # is printed last.
 #
 #   bash benchmarks/gpu_run.sh                 # everything but ab
-#   bash benchmarks/gpu_run.sh tests sanitize  # a subset of: build tests sanitize bench ab
+#   bash benchmarks/gpu_run.sh tests sanitize  # a subset of: build tests sanitize bench baseline ab
 #
 # ab: an A/B of this tree against the source tree in ab/old (another commit, e.g. `git archive REV | tar -x -C
 # ab/old`), both built here (the old one beside this one's build step), this tree's benchmark package used for
@@ -118,6 +118,20 @@ if [[ " $steps " == *" bench "* ]]; then
   row bench "$([ $rc = 0 ] && echo ok || echo FAILED)" "($(( $(date +%s) - t0 )) s) see bench/"
   [ $rc = 0 ] || tail -20 "$OUT/bench.log"
   ls "$OUT/bench"/*.md >/dev/null 2>&1 && cat "$OUT"/bench/*.md | head -80
+fi
+
+if [[ " $steps " == *" baseline "* ]]; then
+  # The curated baseline of this GPU (jaxconv.bench.baseline): the suite with lax, and a random sweep.
+  t0=$(date +%s)
+  $PY benchmarks/ab_suite.py run --lax --label baseline --out "$OUT/suite_pass.json" --suite benchmarks/suite.json \
+    > "$OUT/baseline.log" 2>&1
+  $PY -m jaxconv.bench --sweep "${BASELINE_SWEEP:-150}" --seed "${BASELINE_SEED:-0}" --out "$OUT/sweep" \
+    >> "$OUT/baseline.log" 2>&1
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
+  $PY -m jaxconv.bench.baseline make --suite-pass "$OUT/suite_pass.json" --sweep "$OUT/sweep/results.json" \
+    --commit "${JAXCONV_COMMIT:-unknown}" --out "$OUT/$gpu.json" >> "$OUT/baseline.log" 2>&1
+  rc=$?
+  row baseline "$([ $rc = 0 ] && echo ok || echo FAILED)" "($(( $(date +%s) - t0 )) s) $OUT/$gpu.json"
 fi
 
 if [[ " $steps " == *" ab "* ]] && [ -d ab/old ]; then
