@@ -22,7 +22,7 @@ import conv_utils as cu
 import jaxconv
 import variant_cases as vc
 from jaxconv import _native, registry
-from jaxconv.algorithms import table_markdown
+from jaxconv.algorithms import families_markdown, table_markdown
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONV = {1: jaxconv.conv1d, 2: jaxconv.conv2d, 3: jaxconv.conv3d}
@@ -70,6 +70,12 @@ def test_documentation_table_is_generated_from_the_registry():
   text = (ROOT / "docs" / "algorithms.md").read_text()
   m = re.search(r"<!-- registry-table:begin -->\n(.*?)<!-- registry-table:end -->", text, re.S)
   assert m and m.group(1) == table_markdown(), "regenerate it: python -m jaxconv.algorithms --markdown"
+
+
+def test_readme_families_table_is_generated_from_the_registry():
+  text = (ROOT / "README.md").read_text()
+  m = re.search(r"<!-- families:begin -->\n(.*?)<!-- families:end -->", text, re.S)
+  assert m and m.group(1) == families_markdown(), "regenerate it: python -m jaxconv.algorithms --families"
 
 
 def test_a_forced_variant_without_an_ops_kernel_hands_that_op_to_its_family():

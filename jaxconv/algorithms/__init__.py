@@ -5,7 +5,8 @@ variants whose predicate accepts the problem) or a variant name (that variant). 
 (csrc/dispatch/variants.def); jaxconv/registry.py mirrors it.
 
     python -m jaxconv.algorithms                 the table: name, family, ops, dtypes, file, technique
-    python -m jaxconv.algorithms --markdown      the same as the README's markdown table
+    python -m jaxconv.algorithms --markdown      the same as docs/algorithms.md's markdown table
+    python -m jaxconv.algorithms --families      the README's short table of families
     python -m jaxconv.algorithms --explain 'N:HxW:C->K:RxS[:sS][:pP]' [--dtype bfloat16] [--arch 90]
                                                  which variant auto runs for each op of one convolution, and why
                                                  every other variant does not apply or is passed over
@@ -23,7 +24,7 @@ from jaxconv.tuning.cache import MODES, autotune_mode, cache_path, clear_cache, 
 from jaxconv.tuning.tuner import AutotuneResult, OpResult, Problem, autotune, problems, problems_of
 
 _FAMILY_DESCRIPTIONS = {
-    "direct": "CUDA cores, every configuration: the floor under every problem",
+    "direct": "CUDA cores, every configuration (auto's general fallback is xla; direct runs when forced)",
     "depthwise": "depthwise convolutions: groups == c == k (channel multiplier 1)",
     "long1d": "long 1-D windows with few channels (c, k <= 8), unit stride and dilations",
     "small": "few channels (c <= 16, k <= 64), channels-last, no groups: first layers, 1-channel images",
@@ -51,6 +52,16 @@ def table_markdown() -> str:
   for v in variants():
     rows.append(f"| `{v.name}` | {', '.join(v.ops)} | {', '.join(short[d] for d in v.dtypes)} | {v.summary} | "
                 f"`csrc/{v.file}` |")
+  return "\n".join(rows) + "\n"
+
+
+def families_markdown() -> str:
+  """The README's short table: each family, what it is for, and its variants (generated from the registry)."""
+  rows = ["| family | for | variants |", "|---|---|---|"]
+  for f in dict.fromkeys(v.family for v in variants()):  # in the order auto meets them
+    members = [v.name.split(".", 1)[1] for v in variants() if v.family == f]
+    if members:
+      rows.append(f"| `{f}` | {_FAMILY_DESCRIPTIONS.get(f, '')} | {', '.join(members)} |")
   return "\n".join(rows) + "\n"
 
 
@@ -88,12 +99,16 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m jaxconv.algorithms", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--markdown", action="store_true", help="print the markdown table")
+  ap.add_argument("--families", action="store_true", help="print the README's short markdown table of families")
   ap.add_argument("--explain", metavar="CASE", help="one convolution in the benchmark's case grammar")
   ap.add_argument("--dtype", default="float32")
   ap.add_argument("--arch", type=int, help="compute capability as 90 or 80 (default: this process's GPU)")
   args = ap.parse_args(argv)
   if args.markdown:
     sys.stdout.write(table_markdown())
+    return 0
+  if args.families:
+    sys.stdout.write(families_markdown())
     return 0
   if args.explain:
     return _explain(args.explain, args.dtype, args.arch, sys.stdout)
@@ -104,6 +119,7 @@ def main(argv=None) -> int:
 __all__ = [
     "ALGORITHMS", "AUTO", "AutotuneResult", "Choice", "MODES", "OPS", "OpResult", "Problem", "Variant", "autotune",
     "autotune_mode", "cache_path", "candidates", "clear_cache", "device", "explain", "families", "has_kernels",
-    "main", "names", "problems", "problems_of", "resolve", "set_autotune", "table_markdown", "variant_names",
+    "families_markdown", "main", "names", "problems", "problems_of", "resolve", "set_autotune", "table_markdown",
+    "variant_names",
     "variants",
 ]
