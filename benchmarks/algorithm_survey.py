@@ -1,5 +1,5 @@
-"""Times every applicable jaxconv algorithm on each op of suite cases (jaxconv.autotune) and prints one table:
-the data behind the auto heuristic in csrc/algorithms.h and csrc/cuda/implicit_gemm.cu.
+"""Times every kernel variant that applies to each op of suite cases (jaxconv.autotune) and prints one table: the
+data behind the registry's order and cost rules (csrc/dispatch/variants.def, rules.h).
 
     python benchmarks/algorithm_survey.py --filter 'resnet50_.*_b32' --dtypes bfloat16 --out survey.json
 

@@ -84,7 +84,7 @@ if [[ " $steps " == *" sanitize "* ]]; then
     t0=$(date +%s)
     # memcheck and racecheck instrument only jaxconv's kernels (kns: kernel-name substring). initcheck must
     # instrument every kernel: with the filter, buffers that XLA's own kernels write look uninitialised to it
-    # (seen 2026-11-22: false reports in the depthwise wgrad that vanished unfiltered). Its host-API reports
+    # (false reports in kernels that read XLA-written buffers, which vanish unfiltered). Its host-API reports
     # (XLA's partly uninitialised host staging buffers; jaxconv copies nothing) are counted, not failed on.
     filter=(--kernel-name kns=jaxconv --error-exitcode 86)
     [ "$tool" = initcheck ] && filter=(--print-limit 100000)

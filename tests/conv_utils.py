@@ -562,7 +562,7 @@ def run_gpu_memory_test(tmp_path_factory, fn, *args, timeout=900):
   or more. Under pytest-xdist it runs in a fresh Python process, one at a time across the session's test processes
   (a lock in their shared temporary directory), and fails with the child's output if the child fails: a process's
   XLA allocator keeps what it once held, and with several such tests in flight on workers sharing one H200, tests of
-  every kind failed with RESOURCE_EXHAUSTED (DEVICE_RUNS 276-277). The child frees everything when it exits. Without
+  every kind failed with RESOURCE_EXHAUSTED. The child frees everything when it exits. Without
   xdist (one process, nothing else in flight) it runs in this process."""
   if not os.environ.get("PYTEST_XDIST_WORKER"):
     fn(*args)

@@ -172,7 +172,7 @@ def test_forced_algorithm(algorithm, dtype, rng):
   cu.assert_close(dw, ref_dw, cu.tolerance(dtype), f"algorithm={algorithm} wgrad")
 
 
-# c -> 1 3x3 filter gradients (the direct family's COneWgrad, plane_stencil.cu): (x shape, options, algorithm).
+# c -> 1 3x3 filter gradients (direct.cone_wgrad): (x shape, options, algorithm).
 # Dilation, strides and uneven or negative pads move taps off the image on every side; the reduction splits over
 # 74, 300, 23 and 23 destination rows; c = 260 takes two channel tiles; c = 12 needs `direct` forced (auto takes the
 # small family there).

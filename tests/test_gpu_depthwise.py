@@ -1,4 +1,4 @@
-"""GPU checks of the channels-last depthwise kernels (csrc/cuda/depthwise_reg.cu, depthwise.cu), forced with
+"""GPU checks of the channels-last depthwise kernels (csrc/kernels/depthwise/reg.cu, vec.cu), forced with
 algorithm="depthwise": the register-stencil fwd / dgrad / wgrad (1-D and 2-D, C % 4 == 0, stride-2 data gradients by
 output parity, channel tiles, D folded into the batch), the vectorised fwd/dgrad tile kernel and the vectorised
 wgrad at their edges (channel tiles, C equal to one 16-byte vector, odd/prime sizes, stride 2, asymmetric and

@@ -1,6 +1,6 @@
 """GPU checks of the tensor-core family (algorithm="implicit_gemm": the Hopper kernels where they apply, else
-the mma.sync ones; "implicit_gemm_sm80": the mma.sync kernels only), csrc/cuda/implicit_gemm.cu and
-igemm_sm80.cu / igemm_sm90.cu: fwd, data and filter gradients against a float64 reference on fresh random
+the mma.sync ones; "implicit_gemm_sm80": the mma.sync kernels only), csrc/kernels/implicit_gemm/: fwd, data and
+filter gradients against a float64 reference on fresh random
 data, at channel counts on, over and under the kernels' tiles (8 .. 264), input channels off the alignment
 (67 and 1x1 windows: zero-padded; 1, 2, 3, 7 with a window: the unrolled-window route), odd and prime spatial
 sizes,
@@ -53,7 +53,7 @@ CASES = {
     "flipped_dgrad_dil_asym": ((2, 17, 19, 64), (3, 3), ((2, 0), (1, 1)), (2, 1), (1, 1), 72),
     "flipped_dgrad_3d": ((1, 4, 9, 10, 64), (3, 3, 3), ((0, 2), (1, 1), (2, 0)), (1, 1, 1), (1, 1, 1), 24),
     # strided data gradients with c >= 64 and no dilation on the Hopper: the forward of dy with each phase's taps
-    # flipped, written to every s-th row of dx (implicit_gemm.cu, TryPhasedDgrad; also wgrad_wide_c256_s2 above).
+    # flipped, written to every s-th row of dx (phased_dgrad_sm90.cu; also wgrad_wide_c256_s2 above).
     # ResNet's 3x3/2 on even sizes; odd sizes (phases of unequal rows); a 5x3 window, asymmetric pads, stride (2, 1)
     # (phase pads 1 and 2); 3-D stride 2 (8 phases); 147 tiles a phase (128x128 tiles; the others take 128x64).
     "phased_dgrad_res3": ((2, 16, 16, 128), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2), 128),

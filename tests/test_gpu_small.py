@@ -1,5 +1,5 @@
-"""GPU checks of the small-channel family (algorithm="small"), aimed at its stencil fast path (csrc/cuda/
-small_channel.cu): unit stride and no lhs dilation along H and W, H-dilation 1/2/4/8, channel buckets (c, k) in
+"""GPU checks of the small-channel family (algorithm="small"), aimed at its stencil fast path (csrc/kernels/small/
+stencil.cu): unit stride and no lhs dilation along H and W, H-dilation 1/2/4/8, channel buckets (c, k) in
 {(1, 1), (1, <=4), (1, <=16), (<=4, 1), (<=4, <=4), (<=16, 1)}, tiles of 8R x 32P outputs (1->1: 64 x 128, or 64 x
 64 below 264 such tiles; 1->k<=4, c<=4: 32 x 64; 16->1: 32 x 32; 1->16: 16 x 32). Sizes on, one over and under the
 tiles, odd and prime sizes, symmetric, asymmetric and negative pads, VALID, batch > 1, 3-D (dim 0 is general:

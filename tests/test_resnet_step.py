@@ -54,7 +54,7 @@ def test_quick_run_both_backends(quick_run):
 def test_quick_run_profile_attributes_every_jaxconv_call(quick_run):
   if jax.default_backend() != "cpu" and not re.search(r"--xla_gpu_enable_command_buffer=(\s|$)",
                                                       os.environ.get("XLA_FLAGS", "")):
-    # Seen on the H100 (2026-11-22): inside XLA's CUDA graphs the trace gives the custom calls no kernel time.
+    # Inside XLA's CUDA graphs the trace gives the custom calls no kernel time.
     pytest.skip("per-kernel times on a GPU need XLA_FLAGS=--xla_gpu_enable_command_buffer= (command buffers off)")
   (r,) = quick_run[0]["results"]
   prof = r["profile"]

@@ -129,7 +129,7 @@ def _worker(partitioner: str) -> None:
     close(got, ref(step, [w1, w2], x), "step")
     assert ops["all-gather"] == 0, f"activations all-gathered: {ops}"
     # The filter gradients are summed once and nothing else is: XLA may combine them into one tuple
-    # all-reduce (CPU) or one flattened buffer (GPU, seen 2026-11-22: f32[504] = 3*3*3*8 + 3*3*8*4).
+    # all-reduce (CPU) or one flattened buffer (GPU: f32[504] = 3*3*3*8 + 3*3*8*4).
     sizes = [int(np.prod([int(d) for d in re.findall(r"\d+", t.split("[", 1)[1])])) for t in reduced]
     assert sum(sizes) == 3 * 3 * 3 * 8 + 3 * 3 * 8 * 4 and all(t.startswith("f32[") for t in reduced), reduced
     assert ops["all-reduce"] <= 2, ops

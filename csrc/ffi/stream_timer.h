@@ -1,7 +1,7 @@
 // In-stream timer for the benchmarks (GUIDE section 4): a side-effecting custom call, jaxconv_timer_mark, that
 // records when the device reaches it in program order, so the harness can time a span of a compiled program on
-// the device itself. The host's dispatch work per operand (about 16-26 us an input set on the H200, run 159)
-// never enters the span, as it entered the wall-clock slope.
+// the device itself. The host's dispatch work per operand (tens of microseconds an input set) never enters the
+// span, as it entered the wall-clock slope.
 //   CUDA: a cudaEvent recorded on XLA's stream (not command-buffer compatible on purpose: an event record must
 //         run as its own thunk, between the command buffers of the timed ops);
 //   CPU:  a steady-clock time taken when the thunk runs (its operands order it after the ops it depends on).

@@ -1,8 +1,7 @@
 """In-stream timing of a jitted span: the device time of T ops, free of the host's dispatch work.
 
-Measured on the H200 (2026-11-24, lax only, run 159): the wall time of call + block_until_ready grew 16-26 µs per
-input set in host dispatch (arguments are prepared before the device starts), so the wall-clock slope over T was
-the kernel time plus that (MobileNetV2's depthwise 3x3: 56.5 µs per op against 42 µs of kernel). A mark before
+The wall time of call + block_until_ready grows by tens of microseconds per input set in host dispatch (arguments
+are prepared before the device starts), so a wall-clock slope over T is the kernel time plus that. A mark before
 and after the span, each a side-effecting custom call (`jaxconv_timer_mark`) that records a CUDA event on XLA's
 stream (a host clock on the CPU), times what the device did between them: kernels, and the launch gaps between
 them, nothing before the first.

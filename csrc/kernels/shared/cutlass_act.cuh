@@ -14,9 +14,8 @@ namespace jaxconv {
 namespace cuda {
 
 // The TMA epilogues' store tile: the whole N width of the CTA tile, 64 rows (one ping-pong warpgroup's) or 128 (a
-// cooperative tile's half). CUTLASS's automatic choice stores 32 columns at a time; the 1x1 forwards, whose
-// cost is mostly the output store, ran 10-30% slower so (H200, bf16, ResNet-50 1x1 layers, jax.profiler,
-// 2026-11-23: res2 expand b32 29.7 -> 21.5 µs, res4 expand b128 41.8 -> 28.3; lax 19.1 and 28.0).
+// cooperative tile's half). CUTLASS's automatic choice stores 32 columns at a time, which slows the 1x1 forwards,
+// whose cost is mostly the output store.
 template <class EpiSchedule, int TN>
 using FullWidthEpiTile = cute::Shape<
     cute::Int<std::is_same_v<EpiSchedule, cutlass::epilogue::TmaWarpSpecializedCooperative> ? 128 : 64>,
