@@ -58,14 +58,24 @@ def _require(cond, msg):
     raise ValueError(msg)
 
 
+_FLOATS = tuple(np.dtype(d) for d in ("float32", "float64", jnp.bfloat16, "float16"))
+_INTS = tuple(np.dtype(d) for d in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"))
+
+
 def _check_operands(name, a, b, out_dtype):
+  """The kernels' dtype pairs (csrc/core/types.h ValidDTypePair): a floating operand type with itself or float32 (for
+  16-bit operands) as the result; an integer or bool operand type with any integer or bool result (forward only)."""
   _require(a.ndim == b.ndim, f"{name}: operands have ranks {a.ndim} and {b.ndim}")
   if a.dtype != b.dtype:
     raise TypeError(f"{name}: operands must share one dtype, got {a.dtype} and {b.dtype}")
   out_dtype = np.dtype(out_dtype)
-  ok = out_dtype == a.dtype or (out_dtype == np.float32 and a.dtype != np.float64)
+  if a.dtype in _INTS:
+    ok = out_dtype in _INTS and name == "jaxconv_fwd"
+  else:
+    ok = a.dtype in _FLOATS and (out_dtype == a.dtype or (out_dtype == np.float32 and a.dtype != np.float64))
   if not ok:
-    raise TypeError(f"{name}: result dtype {out_dtype} is not supported for {a.dtype} operands")
+    raise TypeError(f"{name}: result dtype {out_dtype} is not supported for {a.dtype} operands (the public "
+                    "functions convert other types to ones the kernels take)")
 
 
 def fwd_shape(x_shape, w_shape, spec: ConvSpec):
@@ -210,10 +220,21 @@ PRIMITIVES = {name: prim for prim, name in OP_NAMES.items()}
 # ---------------------------------------------------------------------------------------------------------
 # Differentiation.
 # ---------------------------------------------------------------------------------------------------------
+def _wider(a, b):
+  """The wider of two kernel float types; bfloat16 with float16 is float32. Not jnp.promote_types: under
+  jax_numpy_dtype_promotion='strict' that refuses bfloat16 with float32, which lax's gradients take."""
+  a, b = np.dtype(a), np.dtype(b)
+  if a == b:
+    return a
+  if a.itemsize != b.itemsize:
+    return a if a.itemsize > b.itemsize else b
+  return np.dtype(np.float32)
+
+
 def _common_dtype(*arrays):
   """Casts operands to one dtype (a cotangent may be wider than the primal it meets, as in lax)."""
-  dt = functools.reduce(jnp.promote_types, [a.dtype for a in arrays])
-  return [a.astype(dt) for a in arrays], dt
+  dt = functools.reduce(_wider, [a.dtype for a in arrays])
+  return [a if a.dtype == dt else a.astype(dt) for a in arrays], dt
 
 
 def _fwd_jvp(primals, tangents, *, spec, out_dtype):
