@@ -31,6 +31,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
+from jaxconv.primitives import sharding
 from jaxconv.spec import ConvSpec
 
 conv_fwd_p = Primitive("jaxconv_fwd")
@@ -255,6 +256,12 @@ def _fwd_jvp(primals, tangents, *, spec, out_dtype):
   return jax.jvp(activation_fn(spec.activation), (z,), (dz,))
 
 
+def _like(y, aval):
+  """A cotangent in its primal's type: its dtype, and under explicit mesh axes its sharding (as lax's transposes
+  pass the primal's sharding as the out_sharding of theirs)."""
+  return sharding.match_sharding(y.astype(aval.dtype), aval)
+
+
 def _fwd_transpose(ct, x, w, *bias, spec, out_dtype):
   # Only the linear forward convolution appears in tangent equations, so only it is transposed.
   assert not bias and not spec.has_epilogue, "jaxconv_fwd with an epilogue is not linear"
@@ -262,11 +269,11 @@ def _fwd_transpose(ct, x, w, *bias, spec, out_dtype):
     if type(ct) is ad.Zero:
       return ad.Zero(x.aval), None
     (ct_, w_), dt = _common_dtype(ct, w)
-    return conv_dgrad(ct_, w_, spec, dt).astype(x.aval.dtype), None
+    return _like(conv_dgrad(ct_, w_, spec, dt), x.aval), None
   if type(ct) is ad.Zero:
     return None, ad.Zero(w.aval)
   (x_, ct_), dt = _common_dtype(x, ct)
-  return None, conv_wgrad(x_, ct_, spec, dt).astype(w.aval.dtype)
+  return None, _like(conv_wgrad(x_, ct_, spec, dt), w.aval)
 
 
 ad.primitive_jvps[conv_fwd_p] = _fwd_jvp
@@ -275,22 +282,22 @@ ad.primitive_transposes[conv_fwd_p] = _fwd_transpose
 
 def _dgrad_transpose_dy(ct, dy, w, *, spec, out_dtype):
   (ct_, w_), dt = _common_dtype(ct, w)
-  return conv_fwd(ct_, w_, None, spec, dt).astype(dy.aval.dtype)
+  return _like(conv_fwd(ct_, w_, None, spec, dt), dy.aval)
 
 
 def _dgrad_transpose_w(ct, dy, w, *, spec, out_dtype):
   (ct_, dy_), dt = _common_dtype(ct, dy)
-  return conv_wgrad(ct_, dy_, spec, dt).astype(w.aval.dtype)
+  return _like(conv_wgrad(ct_, dy_, spec, dt), w.aval)
 
 
 def _wgrad_transpose_x(ct, x, dy, *, spec, out_dtype):
   (dy_, ct_), dt = _common_dtype(dy, ct)
-  return conv_dgrad(dy_, ct_, spec, dt).astype(x.aval.dtype)
+  return _like(conv_dgrad(dy_, ct_, spec, dt), x.aval)
 
 
 def _wgrad_transpose_dy(ct, x, dy, *, spec, out_dtype):
   (x_, ct_), dt = _common_dtype(x, ct)
-  return conv_fwd(x_, ct_, None, spec, dt).astype(dy.aval.dtype)
+  return _like(conv_fwd(x_, ct_, None, spec, dt), dy.aval)
 
 
 ad.defbilinear(conv_dgrad_p, _dgrad_transpose_dy, _dgrad_transpose_w)
