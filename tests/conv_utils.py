@@ -209,7 +209,7 @@ class _NumpyConv:
   def patches(self, x):  # x logical (N, C, S...)
     N, C = x.shape[:2]
     if self.empty_in:
-      return np.zeros((N, C, self.P, self.Q))
+      return np.zeros((N, C, self.P, self.Q), x.dtype)
     g = x[(slice(None), slice(None), *self.idx)] * self._mask()
     return self._to_pq(g)
 
@@ -221,15 +221,16 @@ class _NumpyConv:
     np.add.at(dx, (slice(None), slice(None), *self.idx), vals)
     return dx
 
-  def _w(self, rhs):  # logical (K, Cg, Q)
-    w = np.transpose(f64(rhs), self.rhs_spec)
+  def _w(self, rhs, cast=f64):  # logical (K, Cg, Q)
+    w = np.transpose(cast(rhs), self.rhs_spec)
     return w.reshape(self.k, w.shape[1], self.Q)
 
-  def fwd(self, lhs, rhs):
+  def fwd(self, lhs, rhs, cast=f64):
+    """The forward in the arithmetic of cast(operands) (float64 by default)."""
     G, B = self.G, self.B
-    x = np.transpose(f64(lhs), self.lhs_spec)
+    x = np.transpose(cast(lhs), self.lhs_spec)
     X = self.patches(x)  # (N, C, P, Q)
-    W = self._w(rhs)
+    W = self._w(rhs, cast)
     N, C = X.shape[:2]
     if B > 1:
       y = np.einsum("bncpq,bkcq->nbkp", X.reshape(B, N // B, C, self.P, self.Q),
@@ -272,6 +273,20 @@ def _np_conv(lhs, rhs, kw):
 def ref_conv(lhs, rhs, **kw) -> np.ndarray:
   """float64 reference of lax.conv_general_dilated(lhs, rhs, **kw) from lhs, rhs upcast to float64."""
   return _np_conv(lhs, rhs, kw).fwd(lhs, rhs)
+
+
+def _wrapping_u64(a) -> np.ndarray:
+  """Integers or bools as uint64 (sign-extended: two's complement), whose products and sums wrap modulo 2^64."""
+  a = np.asarray(a)
+  return a.astype(np.uint64) if a.dtype.kind in "ub" else a.astype(np.int64).astype(np.uint64)
+
+
+def ref_conv_int(lhs, rhs, out_dtype, **kw) -> np.ndarray:
+  """Exact reference of an integer or bool convolution: operands widened (sign- or zero-extended), products and sums
+  modulo 2^64, truncated to out_dtype (two's complement), or for a bool result whether the count is nonzero."""
+  y = _np_conv(lhs, rhs, kw).fwd(lhs, rhs, cast=_wrapping_u64)
+  out_dtype = np.dtype(out_dtype)
+  return y != 0 if out_dtype == np.dtype(bool) else y.astype(out_dtype)
 
 
 def ref_conv_vjp(lhs, rhs, ct, **kw):

@@ -3,6 +3,8 @@ message naming the offending argument, raised at trace time (eagerly, under jit 
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,9 +40,28 @@ def cgd(**kw):
 
 # ---- conv_general_dilated --------------------------------------------------------------------------------
 
-def test_rank_mismatch():
-  _raises_everywhere(TypeError, r"(?i)(lhs.*rhs|rhs.*lhs).*(ndim|rank|dimensions)", cgd(dimension_numbers=None),
-                     _x((2, 4, 6, 6)), _x((3, 4, 3)))
+def _lax_error(fn, *args):
+  """The exception lax raises for the same call, to compare types and wording with."""
+  try:
+    fn(*args)
+  except Exception as e:  # noqa: BLE001 - any exception is what is compared
+    return e
+  raise AssertionError("lax accepted the call")
+
+
+@pytest.mark.parametrize("dimension_numbers", [None, NHWC, lax.ConvDimensionNumbers((0, 3, 1, 2), (3, 2, 0, 1),
+                                                                                    (0, 3, 1, 2))])
+def test_rank_mismatch(dimension_numbers):
+  # lax: TypeError from conv_dimension_numbers for None and strings, ValueError from its shape rule for a
+  # ConvDimensionNumbers object; jaxconv raises the same type with lax's message.
+  x, w = _x(), _x((3, 4, 4))
+  pads = [(0, 0)] * 2  # explicit: with a string, lax fails on the ConvDimensionNumbers before its shape rule
+  want = _lax_error(lambda a, b: lax.conv_general_dilated(a, b, (1, 1), pads, dimension_numbers=dimension_numbers),
+                    x, w)
+  assert type(want) is (ValueError if isinstance(dimension_numbers, lax.ConvDimensionNumbers)
+                        else TypeError)
+  _raises_everywhere(type(want), r"(?i)lhs and rhs.*(ndim|number of dimensions)",
+                     cgd(dimension_numbers=dimension_numbers, padding=pads), x, w)
 
 
 def test_rank_unsupported_4_spatial_dims():
@@ -82,27 +103,40 @@ def test_group_count_not_positive(bad):
   _raises_everywhere(ValueError, r"batch_group_count", cgd(batch_group_count=bad), _x(), _x((3, 3, 4, 4)))
 
 
-def test_dtype_mismatch():
-  _raises_everywhere(TypeError, r"(?i)dtype", cgd(), _x(), _x((3, 3, 4, 4), jnp.bfloat16))
+@pytest.mark.parametrize("rhs_dtype", [jnp.bfloat16, jnp.int8])
+def test_dtype_mismatch(rhs_dtype):
+  want = _lax_error(lambda a, b: lax.conv_general_dilated(a, b, (1, 1), "VALID", dimension_numbers=NHWC),
+                    _x(), _x((3, 3, 4, 4), rhs_dtype))
+  assert type(want) is TypeError and "same dtypes" in str(want)
+  _raises_everywhere(TypeError, r"requires arguments to have the same dtypes, got float32, "
+                     f"{jnp.dtype(rhs_dtype).name}", cgd(), _x(), _x((3, 3, 4, 4), rhs_dtype))
 
 
-@pytest.mark.parametrize("dtype", [jnp.int32, jnp.complex64, jnp.bool_, jnp.uint8])
+@pytest.mark.parametrize("dtype", ["int2", "uint2"])
 def test_unsupported_dtype(dtype):
-  _raises_everywhere(TypeError, r"(?i)dtype", cgd(), _x(dtype=dtype), _x((3, 3, 4, 4), dtype))
+  # lax traces these but XLA cannot compile a convolution of them: jaxconv refuses them when tracing.
+  dt = jnp.dtype(dtype)
+  _raises_everywhere(TypeError, rf"lhs has dtype {dt.name}", cgd(), _x(dtype=dt), _x((3, 3, 4, 4), dt))
 
 
 def test_bad_padding_string():
+  # lax raises RuntimeError("Unrecognized padding type ..."); jaxconv's error is both that and a ValueError.
+  want = _lax_error(lambda a, b: lax.conv_general_dilated(a, b, (1, 1), "FULL", dimension_numbers=NHWC),
+                    _x(), _x((3, 3, 4, 4)))
+  assert type(want) is RuntimeError
+  _raises_everywhere(RuntimeError, r"Unrecognized padding type.*got FULL.*padding", cgd(padding="FULL"), _x(),
+                     _x((3, 3, 4, 4)))
   _raises_everywhere(ValueError, r"padding", cgd(padding="FULL"), _x(), _x((3, 3, 4, 4)))
 
 
-@pytest.mark.parametrize("padding", [[(1, 1)], [(1, 1)] * 3, [(1, 1, 1), (1, 1, 1)], [1, 1]])
+@pytest.mark.parametrize("padding", [[(1, 1)], [(1, 1)] * 3, [(1, 1, 1), (1, 1, 1)], [1, 1], [(1.5, 0), (0, 0)]])
 def test_wrong_padding_pairs(padding):
-  # lax raises TypeError("Wrong number of explicit pads ...") for a wrong count; any malformed pair is a
-  # TypeError or ValueError, but the message must name padding.
-  with pytest.raises((TypeError, ValueError), match=r"(?i)pad"):
-    cgd(padding=padding)(_x(), _x((3, 3, 4, 4)))
-  with pytest.raises((TypeError, ValueError), match=r"(?i)pad"):
-    jax.jit(cgd(padding=padding))(_x(), _x((3, 3, 4, 4)))
+  # lax: TypeError("Wrong number of explicit pads ...") for a wrong count, ValueError("padding argument to
+  # conv_general_dilated should be ...") for malformed pairs; jaxconv raises the same types with lax's words.
+  want = _lax_error(lambda a, b: lax.conv_general_dilated(a, b, (1, 1), padding, dimension_numbers=NHWC),
+                    _x(), _x((3, 3, 4, 4)))
+  words = str(want).split(":")[0][:40]
+  _raises_everywhere(type(want), re.escape(words), cgd(padding=padding), _x(), _x((3, 3, 4, 4)))
 
 
 @pytest.mark.parametrize("padding", [[(-7, 0), (0, 0)], [(0, 0), (0, -7)], [(-4, -4), (0, 0)]])
@@ -126,7 +160,10 @@ def test_bad_window_strides(bad):
 
 
 def test_window_strides_wrong_length():
-  _raises_everywhere(ValueError, r"window_strides", cgd(window_strides=(1, 1, 1)), _x(), _x((3, 3, 4, 4)))
+  want = _lax_error(lambda a, b: lax.conv_general_dilated(a, b, (1, 1, 1), "VALID", dimension_numbers=NHWC),
+                    _x(), _x((3, 3, 4, 4)))
+  assert type(want) is ValueError
+  _raises_everywhere(ValueError, re.escape(str(want)), cgd(window_strides=(1, 1, 1)), _x(), _x((3, 3, 4, 4)))
 
 
 @pytest.mark.parametrize("name", ["lhs_dilation", "rhs_dilation"])
@@ -270,3 +307,38 @@ def test_errors_do_not_leave_state_behind():
     f(_x(), _x((3, 3, 3, 4)))
   y = f(_x(), _x((3, 3, 4, 4)))
   assert y.shape == (2, 6, 6, 4) and np.all(np.isfinite(np.asarray(y)))
+
+
+# ---- magnitudes the kernels cannot take (csrc/core/conv_params.h bounds), refused when tracing --------------
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(padding=[(2 ** 62, 0), (0, 0)]), "padding"),
+    (dict(padding=[(0, 0), (0, -(2 ** 31))]), "padding"),
+    (dict(padding=[(2 ** 30 + 1, 0), (0, 0)]), "padding"),
+    (dict(window_strides=(2 ** 31, 1)), "window_strides"),
+    (dict(rhs_dilation=(1, 2 ** 30 + 1)), "rhs_dilation"),
+    (dict(lhs_dilation=(2 ** 31, 1), padding=[(0, 0), (0, 0)]), "lhs_dilation"),
+])
+def test_magnitudes_above_the_kernels_bounds(kw, name):
+  x, w = jax.ShapeDtypeStruct((2, 6, 6, 4), jnp.float32), jax.ShapeDtypeStruct((3, 3, 4, 4), jnp.float32)
+  args = dict(window_strides=(1, 1), padding="VALID", dimension_numbers=NHWC)
+  args.update(kw)
+  if not (name == "padding" and kw["padding"][1][1] < 0):  # lax types these (XLA would fail later)
+    jax.eval_shape(lambda a, b: lax.conv_general_dilated(a, b, **args), x, w)
+  with pytest.raises(ValueError, match=rf"{name}.*2\^30|{name}.*larger than"):
+    jax.jit(lambda a, b: jaxconv.conv_general_dilated(a, b, **args)).trace(x, w)
+
+
+def test_spatial_extent_above_2_32():
+  # An input of 2^33 positions (abstract: nothing is allocated) exceeds the kernels' extents.
+  x, w = jax.ShapeDtypeStruct((1, 2 ** 33, 1), jnp.float32), jax.ShapeDtypeStruct((1, 1, 1), jnp.float32)
+  args = dict(window_strides=(1,), padding="VALID", dimension_numbers=("NWC", "WIO", "NWC"))
+  jax.eval_shape(lambda a, b: lax.conv_general_dilated(a, b, **args), x, w)
+  with pytest.raises(ValueError, match=r"lhs \(input\) spatial sizes.*2\^32"):
+    jax.jit(lambda a, b: jaxconv.conv_general_dilated(a, b, **args)).trace(x, w)
+  # An output of more than 2^32 positions from lhs dilation of a small input.
+  x = jax.ShapeDtypeStruct((1, 9, 1), jnp.float32)
+  args.update(lhs_dilation=(2 ** 30,), padding=[(0, 0)])
+  with pytest.raises(ValueError, match=r"output spatial sizes.*2\^32.*lhs_dilation|output spatial sizes.*dilations"):
+    jax.jit(lambda a, b: jaxconv.conv_general_dilated(a, b, **args)).trace(x, w)
+

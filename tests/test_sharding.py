@@ -183,7 +183,87 @@ def _worker(partitioner: str) -> None:
               run(lambda p, x: jnp.sum(jnp.sin(conv_lax(x, p)))), "jaxconv vs lax inside shard_map")
     return {"ops": ops, "all_reduce": reduced}
 
+  # -- explicit mesh axes (jax.make_mesh's default): result types carry the operands' shardings as lax's do ------
+  mesh_e = jax.make_mesh((NDEV,), ("data",), axis_types=(AxisType.Explicit,))
+
+  @check("explicit_result_types_as_lax")
+  def _():
+    cases = [  # (x shape, w shape, dimension numbers, strides, padding, whether to compile the gradients too)
+        ((16, 9, 9, 3), (3, 3, 3, 5), ("NHWC", "HWIO", "NHWC"), (1, 1), "SAME", False),
+        ((16, 3, 9, 9), (5, 3, 3, 3), ("NCHW", "OIHW", "NCHW"), (2, 2), "VALID", True),
+        ((8, 13, 4), (3, 4, 6), ("NWC", "WIO", "NWC"), (1,), [(1, 2)], False),
+        ((8, 5, 6, 7, 2), (2, 3, 2, 2, 3), ("NDHWC", "DHWIO", "NDHWC"), (1, 1, 1), "SAME", False),
+        ((16, 7), (7, 5), ("NC", "IO", "NC"), (), (), True),
+    ]
+    types = []
+    for xs, ws, dn, st, pad, grads in cases:
+      x0, w0 = rnd(*xs), rnd(*ws)
+      f = lambda conv: lambda x, w: conv(x, w, st, pad, dimension_numbers=dn)
+      g = jax.grad(lambda x, w: jnp.sum(jnp.sin(f(jaxconv.conv_general_dilated)(x, w))), (0, 1))
+      want_grads = ref(g, x0, w0) if grads else None
+      with jax.set_mesh(mesh_e):
+        x, w = put(x0, mesh_e, "data"), put(w0, mesh_e)
+        want = jax.jit(f(jax.lax.conv_general_dilated)).trace(x, w).jaxpr.out_avals[0].str_short()
+        got = jax.jit(f(jaxconv.conv_general_dilated)).trace(x, w).jaxpr.out_avals[0].str_short()
+        assert got == want and "@data" in got, (dn, got, want)
+        if grads:  # the cotangents of x and w carry their primals' types, and the values are the unsharded ones
+          gx, gw = jax.jit(g)(x, w)
+      if grads:
+        assert jax.typeof(gx).str_short() == jax.typeof(x).str_short(), (jax.typeof(gx), jax.typeof(x))
+        assert jax.typeof(gw).str_short() == jax.typeof(w).str_short(), (jax.typeof(gw), jax.typeof(w))
+        close((gx, gw), want_grads, f"grads {dn}")
+      types.append(got)
+    return types
+
+  @check("explicit_train_step")
+  def _():
+    x, w1, w2 = rnd(16, 12, 12, 3), rnd(3, 3, 3, 8), rnd(3, 3, 8, 4)
+
+    def step(ws, x):
+      def loss(ws):
+        h = jax.nn.relu(conv(x, ws[0]))
+        return jnp.sum(conv(h, ws[1]) ** 2)
+      g = jax.grad(loss)(ws)
+      return [w - 1e-3 * gw for w, gw in zip(ws, g)], g
+
+    with jax.set_mesh(mesh_e):
+      args = ([put(w1, mesh_e), put(w2, mesh_e)], put(x, mesh_e, "data"))
+      got, ops, reduced = sharded(step, *args)
+    close(got, ref(step, [w1, w2], x), "step")
+    assert ops["all-gather"] == 0, f"activations all-gathered: {ops}"
+    assert sum(ops.values()) == ops["all-reduce"] and ops["all-reduce"] <= 2, ops
+    return {"ops": ops, "all_reduce": reduced}
+
   if full:
+    # -- a data-parallel ResNet training step (benchmarks/resnet_step.py), Explicit and Auto axes -----------------
+    @check("resnet_step_explicit_and_auto")
+    def _():
+      sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+      import resnet_step as rs
+      rng = np.random.default_rng(3)
+      images, labels = rng.standard_normal((16, 16, 16, 3)).astype(np.float32), np.arange(16) % 10
+      losses = {}
+      for axis_type in (AxisType.Explicit, AxisType.Auto):
+        mesh = jax.make_mesh((NDEV,), ("data",), axis_types=(axis_type,))
+        for backend in ("lax", "jaxconv") if axis_type == AxisType.Explicit else ("jaxconv",):
+          model = rs.ResNet((1, 1), rs.BasicBlock, conv=rs.CONV_CLASSES[backend], num_classes=10,
+                            dtype=jnp.float32)
+          tx = rs.make_optimizer(0.1, 1e-4)
+          with jax.set_mesh(mesh):
+            variables = jax.device_put(
+                model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False), NamedSharding(mesh, P()))
+            state = (variables["params"], variables["batch_stats"], tx.init(variables["params"]))
+            x, y = put(images, mesh, "data"), put(labels, mesh, "data")
+            step = jax.jit(rs.make_train_step(model, tx))
+            state, l1 = step(state, x, y)
+            state, l2 = step(state, x, y)
+          losses[(str(axis_type), backend)] = (float(l1), float(l2))
+      want = losses[(str(AxisType.Explicit), "lax")]  # lax's losses (the same under Auto axes)
+      for (mode, backend), got in losses.items():
+        assert np.allclose(got, want, rtol=1e-4), (mode, backend, got, want)
+        assert got[1] < got[0], (mode, backend, got)  # the step trains
+      return {f"{m} {b}": v for (m, b), v in losses.items()}
+
     # -- channels-first, 1-D, 3-D, groups: grads w.r.t. everything ---------------------------------------
     @check("grads_batch_sharded_layouts")
     def _():
@@ -260,9 +340,10 @@ def _worker(partitioner: str) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # pytest side.
 # ---------------------------------------------------------------------------------------------------------
-CORE = ["fwd_batch_sharded", "train_step_batch_sharded", "model_parallel_K", "shard_map_replicated_weights"]
-SHARDY_ONLY = ["grads_batch_sharded_layouts", "data_x_model_2d_mesh", "fallbacks_replicate_correctly",
-               "hvp_and_per_example_grads"]
+CORE = ["fwd_batch_sharded", "train_step_batch_sharded", "model_parallel_K", "shard_map_replicated_weights",
+        "explicit_result_types_as_lax", "explicit_train_step"]
+SHARDY_ONLY = ["resnet_step_explicit_and_auto", "grads_batch_sharded_layouts", "data_x_model_2d_mesh",
+               "fallbacks_replicate_correctly", "hvp_and_per_example_grads"]
 CASES = [("shardy", c) for c in CORE + SHARDY_ONLY] + [("gspmd", c) for c in CORE]
 _results: dict = {}
 

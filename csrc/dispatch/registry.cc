@@ -53,7 +53,7 @@ constexpr int kNumVariants = static_cast<int>(sizeof(kTable) / sizeof(kTable[0])
 
 // Family selectors, in the codes older programs use (1-based).
 const char* const kFamilies[] = {"direct", "depthwise", "long1d", "small", "implicit_gemm", "implicit_gemm_sm80",
-                                 "xla"};
+                                 "xla", "integer"};
 constexpr int kNumFamilies = static_cast<int>(sizeof(kFamilies) / sizeof(kFamilies[0]));
 
 bool FamilySelects(const char* family, const Variant& v) {

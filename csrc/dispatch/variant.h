@@ -51,7 +51,14 @@ inline constexpr unsigned OpBit(Op op) { return 1u << static_cast<int>(op); }
 inline constexpr unsigned kFwdOp = 1u, kDgradOp = 2u, kWgradOp = 4u, kAllOps = 7u;
 inline constexpr unsigned DTypeBit(DType t) { return 1u << static_cast<int>(t); }
 inline constexpr unsigned kF32 = 1u, kF64 = 2u, kBF16 = 4u, kF16 = 8u;
+// kAllTypes is every floating type: the float variants' masks stay float-only, so no float kernel is asked about
+// integer operands.
 inline constexpr unsigned k16Bit = kBF16 | kF16, kTensorCoreTypes = kF32 | k16Bit, kAllTypes = 15u;
+// Integer and bool operand types (the integer family's).
+inline constexpr unsigned kI8 = 1u << 4, kI16 = 1u << 5, kI32 = 1u << 6, kI64 = 1u << 7, kU8 = 1u << 8,
+                          kU16 = 1u << 9, kU32 = 1u << 10, kU64 = 1u << 11, kPred = 1u << 12;
+inline constexpr unsigned kIntTypes = kI8 | kI16 | kI32 | kI64 | kU8 | kU16 | kU32 | kU64 | kPred;
+static_assert(kI8 == DTypeBit(DType::kI8) && kPred == DTypeBit(DType::kPred), "dtype masks follow the DType codes");
 
 // auto's preference for a variant that applies (a cost rule): empty to take it, else why auto passes it over
 // (forced requests ignore it).

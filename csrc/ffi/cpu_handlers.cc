@@ -1,10 +1,12 @@
 // XLA FFI handlers for the CPU platform: decode and validate everything (DecodeAndValidate), then run the
-// kernels of csrc/cpu/conv_cpu.h. Any problem is returned as an ffi::Error; nothing is written before the
-// buffers have been checked against the params.
+// kernels of csrc/cpu/conv_cpu.h (floating types) or csrc/cpu/conv_int.h (integer and bool types, forward only).
+// Any problem is returned as an ffi::Error; nothing is written before the buffers have been checked against the
+// params.
 #include <cstring>
 #include <string>
 
 #include "cpu/conv_cpu.h"
+#include "cpu/conv_int.h"
 #include "ffi/ffi_common.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -21,11 +23,16 @@ bool ToCpuDType(ffi::DataType t, cpu::DType* out) {
   }
 }
 
+// Validates everything; then either the float kernels' dtypes (*int_op false) or an integer op (*int_op true: the
+// core dtypes are read from the buffers by the caller).
 ffi::Error Prepare(Op op, ffi::Span<const int64_t> params, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
                    const ffi::AnyBuffer* bias, const ffi::AnyBuffer& out, ConvParams* p, cpu::DType* in_t,
-                   cpu::DType* out_t) {
+                   cpu::DType* out_t, bool* int_op) {
   if (auto e = DecodeAndValidate(op, params, a, b, bias, out, p); e.failure()) return e;
-  if (!ToCpuDType(a.element_type(), in_t) || !ToCpuDType(out.element_type(), out_t)) {
+  DType core_in;
+  ToDType(a.element_type(), &core_in);  // DecodeAndValidate accepted it
+  *int_op = IsInteger(core_in);
+  if (!*int_op && (!ToCpuDType(a.element_type(), in_t) || !ToCpuDType(out.element_type(), out_t))) {
     return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": unsupported dtype");
   }
   if (p->poison[0] == 1 && out.size_bytes() > 0) std::memset(out.untyped_data(), 0xFF, out.size_bytes());
@@ -49,8 +56,15 @@ ffi::Error FwdCpu(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::
                   ffi::Span<const int64_t> params) {
   ConvParams p;
   cpu::DType in_t, out_t;
-  if (auto e = Prepare(Op::kFwd, params, x, w, &bias, *y, &p, &in_t, &out_t); e.failure()) return e;
+  bool int_op = false;
+  if (auto e = Prepare(Op::kFwd, params, x, w, &bias, *y, &p, &in_t, &out_t, &int_op); e.failure()) return e;
   if (DoneWithoutKernel(Op::kFwd, p, x, w, *y)) return ffi::Error::Success();
+  if (int_op) {
+    DType in_d, out_d;
+    ToDType(x.element_type(), &in_d);
+    ToDType(y->element_type(), &out_d);
+    return Finish(Op::kFwd, cpu::ConvIntFwd(p, in_d, x.untyped_data(), w.untyped_data(), out_d, y->untyped_data()));
+  }
   return Finish(Op::kFwd, cpu::ConvFwd(p, in_t, x.untyped_data(), w.untyped_data(), out_t,
                                        p.has_bias[0] ? bias.untyped_data() : nullptr, y->untyped_data()));
 }
@@ -59,7 +73,8 @@ ffi::Error DgradCpu(ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuf
                     ffi::Span<const int64_t> params) {
   ConvParams p;
   cpu::DType in_t, out_t;
-  if (auto e = Prepare(Op::kDgrad, params, dy, w, nullptr, *dx, &p, &in_t, &out_t); e.failure()) return e;
+  bool int_op = false;  // DecodeAndValidate refuses integer dgrads
+  if (auto e = Prepare(Op::kDgrad, params, dy, w, nullptr, *dx, &p, &in_t, &out_t, &int_op); e.failure()) return e;
   if (DoneWithoutKernel(Op::kDgrad, p, dy, w, *dx)) return ffi::Error::Success();
   return Finish(Op::kDgrad,
                 cpu::ConvDgrad(p, in_t, dy.untyped_data(), w.untyped_data(), out_t, dx->untyped_data()));
@@ -69,7 +84,8 @@ ffi::Error WgradCpu(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuf
                     ffi::Span<const int64_t> params) {
   ConvParams p;
   cpu::DType in_t, out_t;
-  if (auto e = Prepare(Op::kWgrad, params, x, dy, nullptr, *dw, &p, &in_t, &out_t); e.failure()) return e;
+  bool int_op = false;  // DecodeAndValidate refuses integer wgrads
+  if (auto e = Prepare(Op::kWgrad, params, x, dy, nullptr, *dw, &p, &in_t, &out_t, &int_op); e.failure()) return e;
   if (DoneWithoutKernel(Op::kWgrad, p, x, dy, *dw)) return ffi::Error::Success();
   return Finish(Op::kWgrad,
                 cpu::ConvWgrad(p, in_t, x.untyped_data(), dy.untyped_data(), out_t, dw->untyped_data()));

@@ -29,12 +29,21 @@ inline bool ToDType(ffi::DataType t, DType* out) {
     case ffi::DataType::F64: *out = DType::kF64; return true;
     case ffi::DataType::BF16: *out = DType::kBF16; return true;
     case ffi::DataType::F16: *out = DType::kF16; return true;
+    case ffi::DataType::S8: *out = DType::kI8; return true;
+    case ffi::DataType::S16: *out = DType::kI16; return true;
+    case ffi::DataType::S32: *out = DType::kI32; return true;
+    case ffi::DataType::S64: *out = DType::kI64; return true;
+    case ffi::DataType::U8: *out = DType::kU8; return true;
+    case ffi::DataType::U16: *out = DType::kU16; return true;
+    case ffi::DataType::U32: *out = DType::kU32; return true;
+    case ffi::DataType::U64: *out = DType::kU64; return true;
+    case ffi::DataType::PRED: *out = DType::kPred; return true;
     default: return false;
   }
 }
 inline bool IsFloatType(ffi::DataType t) {
   DType d;
-  return ToDType(t, &d);
+  return ToDType(t, &d) && IsFloat(d);
 }
 
 inline std::string DimsString(ffi::Span<const int64_t> d) {
@@ -74,14 +83,21 @@ inline ffi::Error DecodeAndValidate(Op op, ffi::Span<const int64_t> values, cons
   if (auto e = CheckBuffer(*p, op, tb, nb, b); e.failure()) return e;
   if (auto e = CheckBuffer(*p, op, tout, nout, out); e.failure()) return e;
   const ffi::DataType in_t = a.element_type(), out_t = out.element_type();
-  if (!IsFloatType(in_t) || b.element_type() != in_t) {
+  DType in_d, out_d;
+  if (!ToDType(in_t, &in_d) || b.element_type() != in_t) {
     return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": operands " + na + " and " + nb +
-                                       " must share one dtype of f32, f64, bf16, f16");
+                                       " must share one dtype of f32, f64, bf16, f16, an integer type or bool");
   }
-  const bool out_ok = out_t == in_t || (out_t == ffi::DataType::F32 && in_t != ffi::DataType::F64);
-  if (!out_ok) {
+  if (!ToDType(out_t, &out_d) || !ValidDTypePair(in_d, out_d)) {
     return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": result " + nout +
-                                       " must have the operands' dtype or f32");
+                                       (IsFloat(in_d) ? " must have the operands' dtype or f32"
+                                                      : " must have an integer or bool dtype for integer operands"));
+  }
+  if (IsInteger(in_d) && op != Op::kFwd) {  // lax has no gradients of integer convolutions, nor do the kernels
+    return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": integer operands run the forward op only");
+  }
+  if (IsInteger(in_d) && (p->has_bias[0] != 0 || p->activation[0] != kActNone)) {
+    return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": integer convolutions take no bias or activation");
   }
   if (op != Op::kFwd && (p->has_bias[0] != 0 || p->activation[0] != kActNone)) {
     return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": bias/activation apply to fwd only");

@@ -68,8 +68,9 @@ def conv_bias_act(inputs, kernel, bias, *, kernel_size: Sequence[int], strides, 
 
   Runs as one fused jaxconv call (convolution, bias and a named activation in the kernel's epilogue)
   whenever the convolution has no input dilation and no output sharding; otherwise the convolution runs
-  on jaxconv.conv_general_dilated and XLA adds the bias and applies the activation. A callable
-  activation is always applied by XLA after the (fused) conv + bias.
+  on jaxconv.conv_general_dilated and XLA adds the bias and applies the activation. jax.nn.relu, jax.nn.silu
+  and jax.nn.gelu (approximate=True) fuse as their names do; another callable activation is applied by XLA
+  after the (fused) conv + bias.
   """
   kernel_size = tuple(kernel_size)
   nsp = len(kernel_size)
@@ -97,7 +98,8 @@ def conv_bias_act(inputs, kernel, bias, *, kernel_size: Sequence[int], strides, 
     inputs = jnp.pad(inputs, [(0, 0), (kernel_dilation[0] * (kernel_size[0] - 1), 0), (0, 0)])
     pad = "VALID"
 
-  named = activation if activation in ACTIVATIONS else None  # fusable into the kernel's epilogue
+  # Fusable into the kernel's epilogue: a name, or jax.nn.relu / silu / gelu (tanh form) as those names.
+  named = jaxconv.api.fused_activation(activation, "jaxconv.flax")
   if all(d == 1 for d in input_dilation) and out_sharding is None:
     y = _CONV_ND[nsp](inputs, kernel, bias, stride=strides, padding=pad, dilation=kernel_dilation,
                       groups=feature_group_count, activation=named, precision=precision,

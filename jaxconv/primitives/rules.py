@@ -31,6 +31,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
+from jaxconv.primitives import sharding
 from jaxconv.spec import ConvSpec
 
 conv_fwd_p = Primitive("jaxconv_fwd")
@@ -58,14 +59,24 @@ def _require(cond, msg):
     raise ValueError(msg)
 
 
+_FLOATS = tuple(np.dtype(d) for d in ("float32", "float64", jnp.bfloat16, "float16"))
+_INTS = tuple(np.dtype(d) for d in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"))
+
+
 def _check_operands(name, a, b, out_dtype):
+  """The kernels' dtype pairs (csrc/core/types.h ValidDTypePair): a floating operand type with itself or float32 (for
+  16-bit operands) as the result; an integer or bool operand type with any integer or bool result (forward only)."""
   _require(a.ndim == b.ndim, f"{name}: operands have ranks {a.ndim} and {b.ndim}")
   if a.dtype != b.dtype:
     raise TypeError(f"{name}: operands must share one dtype, got {a.dtype} and {b.dtype}")
   out_dtype = np.dtype(out_dtype)
-  ok = out_dtype == a.dtype or (out_dtype == np.float32 and a.dtype != np.float64)
+  if a.dtype in _INTS:
+    ok = out_dtype in _INTS and name == "jaxconv_fwd"
+  else:
+    ok = a.dtype in _FLOATS and (out_dtype == a.dtype or (out_dtype == np.float32 and a.dtype != np.float64))
   if not ok:
-    raise TypeError(f"{name}: result dtype {out_dtype} is not supported for {a.dtype} operands")
+    raise TypeError(f"{name}: result dtype {out_dtype} is not supported for {a.dtype} operands (the public "
+                    "functions convert other types to ones the kernels take)")
 
 
 def fwd_shape(x_shape, w_shape, spec: ConvSpec):
@@ -210,10 +221,21 @@ PRIMITIVES = {name: prim for prim, name in OP_NAMES.items()}
 # ---------------------------------------------------------------------------------------------------------
 # Differentiation.
 # ---------------------------------------------------------------------------------------------------------
+def _wider(a, b):
+  """The wider of two kernel float types; bfloat16 with float16 is float32. Not jnp.promote_types: under
+  jax_numpy_dtype_promotion='strict' that refuses bfloat16 with float32, which lax's gradients take."""
+  a, b = np.dtype(a), np.dtype(b)
+  if a == b:
+    return a
+  if a.itemsize != b.itemsize:
+    return a if a.itemsize > b.itemsize else b
+  return np.dtype(np.float32)
+
+
 def _common_dtype(*arrays):
   """Casts operands to one dtype (a cotangent may be wider than the primal it meets, as in lax)."""
-  dt = functools.reduce(jnp.promote_types, [a.dtype for a in arrays])
-  return [a.astype(dt) for a in arrays], dt
+  dt = functools.reduce(_wider, [a.dtype for a in arrays])
+  return [a if a.dtype == dt else a.astype(dt) for a in arrays], dt
 
 
 def _fwd_jvp(primals, tangents, *, spec, out_dtype):
@@ -234,6 +256,12 @@ def _fwd_jvp(primals, tangents, *, spec, out_dtype):
   return jax.jvp(activation_fn(spec.activation), (z,), (dz,))
 
 
+def _like(y, aval):
+  """A cotangent in its primal's type: its dtype, and under explicit mesh axes its sharding (as lax's transposes
+  pass the primal's sharding as the out_sharding of theirs)."""
+  return sharding.match_sharding(y.astype(aval.dtype), aval)
+
+
 def _fwd_transpose(ct, x, w, *bias, spec, out_dtype):
   # Only the linear forward convolution appears in tangent equations, so only it is transposed.
   assert not bias and not spec.has_epilogue, "jaxconv_fwd with an epilogue is not linear"
@@ -241,11 +269,11 @@ def _fwd_transpose(ct, x, w, *bias, spec, out_dtype):
     if type(ct) is ad.Zero:
       return ad.Zero(x.aval), None
     (ct_, w_), dt = _common_dtype(ct, w)
-    return conv_dgrad(ct_, w_, spec, dt).astype(x.aval.dtype), None
+    return _like(conv_dgrad(ct_, w_, spec, dt), x.aval), None
   if type(ct) is ad.Zero:
     return None, ad.Zero(w.aval)
   (x_, ct_), dt = _common_dtype(x, ct)
-  return None, conv_wgrad(x_, ct_, spec, dt).astype(w.aval.dtype)
+  return None, _like(conv_wgrad(x_, ct_, spec, dt), w.aval)
 
 
 ad.primitive_jvps[conv_fwd_p] = _fwd_jvp
@@ -254,22 +282,22 @@ ad.primitive_transposes[conv_fwd_p] = _fwd_transpose
 
 def _dgrad_transpose_dy(ct, dy, w, *, spec, out_dtype):
   (ct_, w_), dt = _common_dtype(ct, w)
-  return conv_fwd(ct_, w_, None, spec, dt).astype(dy.aval.dtype)
+  return _like(conv_fwd(ct_, w_, None, spec, dt), dy.aval)
 
 
 def _dgrad_transpose_w(ct, dy, w, *, spec, out_dtype):
   (ct_, dy_), dt = _common_dtype(ct, dy)
-  return conv_wgrad(ct_, dy_, spec, dt).astype(w.aval.dtype)
+  return _like(conv_wgrad(ct_, dy_, spec, dt), w.aval)
 
 
 def _wgrad_transpose_x(ct, x, dy, *, spec, out_dtype):
   (dy_, ct_), dt = _common_dtype(dy, ct)
-  return conv_dgrad(dy_, ct_, spec, dt).astype(x.aval.dtype)
+  return _like(conv_dgrad(dy_, ct_, spec, dt), x.aval)
 
 
 def _wgrad_transpose_dy(ct, x, dy, *, spec, out_dtype):
   (x_, ct_), dt = _common_dtype(x, ct)
-  return conv_fwd(x_, ct_, None, spec, dt).astype(dy.aval.dtype)
+  return _like(conv_fwd(x_, ct_, None, spec, dt), dy.aval)
 
 
 ad.defbilinear(conv_dgrad_p, _dgrad_transpose_dy, _dgrad_transpose_w)

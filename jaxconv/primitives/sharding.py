@@ -22,7 +22,15 @@ Under a sharded `jit`, XLA replicates (all-gathers) the operands of a custom cal
    Propagation: a Shardy rule (jax's default partitioner) and an `infer_sharding_from_operands` callback
    (GSPMD) describe the same plan.
 
-2. `shard_map` support (varying manual axes). Operands are brought to one set of varying manual axes before
+2. Sharding in types. Under explicit mesh axes (jax.make_mesh's default) a result's type carries its sharding, as
+   lax's convolution's does (`_conv_general_dilated_sharding_rule`): the abstract evaluation derives it from the
+   operands' types (`result_sharding`), the lowering constrains the result to it, and the transposes bring each
+   cotangent to its primal's type (`match_sharding`). Activations keep the batch and spatial sharding of the
+   activation operand where the extent allows (lax's rule); the output channels take the filter's (or dy's)
+   channel sharding as the partition plan does, where lax would ask for an out_sharding; everything else is
+   replicated. Under Auto or manual axes only, results are typed as lax's are (replicated, or varying manual axes).
+
+3. `shard_map` support (varying manual axes). Operands are brought to one set of varying manual axes before
    every bind (`pvary` on a replicated filter whose activations vary, as lax does for its own ops), and the
    result's type carries that set. Since `pvary` transposes to `psum`, the filter gradient of a replicated
    filter is summed over the devices, instead of each device keeping its local part (the wrong-gradient bug
@@ -55,6 +63,22 @@ try:
 except ImportError:  # pragma: no cover
   _core, _ManualAxisType = None, None
 
+# Private jax pieces of sharding in types: the sharding constraint lax's lowerings put on their results. A jax without
+# it still lowers (the partitioner's choice stands) unless a result type has explicit axes: then _private says which
+# name is missing.
+try:
+  from jax._src.interpreters.mlir import lower_with_sharding_in_types as _lower_with_sharding_in_types
+except ImportError:  # pragma: no cover - a jax that moved it
+  _lower_with_sharding_in_types = None
+
+
+def _private(name, value):
+  if value is None:
+    raise NotImplementedError(
+        f"jaxconv: this jax ({jax.__version__}) lacks the private `{name}` that jaxconv's sharding in types uses; "
+        "run with Auto mesh axes (jax.make_mesh(..., axis_types=(AxisType.Auto,) * n)) or a supported jax")
+  return value
+
 
 # ---------------------------------------------------------------------------------------------------------
 # shard_map: varying manual axes.
@@ -84,6 +108,94 @@ def _with_vma(out_aval, in_avals):
     return out_aval
   return out_aval.update(sharding=_core.get_cur_mesh_sharding(),
                          manual_axis_type=_ManualAxisType(varying=vma))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sharding in types.
+# ---------------------------------------------------------------------------------------------------------
+def _mesh_of(avals):
+  """The operands' abstract mesh, else the current one (as lax's rules choose it)."""
+  for a in avals:
+    mesh = getattr(getattr(a, "sharding", None), "mesh", None)
+    if mesh is not None and not mesh.empty:
+      return mesh
+  return jax.sharding.get_abstract_mesh()
+
+
+def _explicit_axes(mesh) -> frozenset:
+  if mesh is None or mesh.empty:
+    return frozenset()
+  return frozenset(n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == jax.sharding.AxisType.Explicit)
+
+
+def _entries(aval):
+  """An operand's PartitionSpec entries, one per dim (None: replicated)."""
+  spec = tuple(getattr(aval.sharding, "spec", ()))
+  return spec + (None,) * (aval.ndim - len(spec))
+
+
+def _kept(entry, in_size, out_size, mesh):
+  """lax's rule for a dim whose size may change: the operand's sharding stays where the extent allows it."""
+  if entry is None or in_size == out_size:
+    return entry
+  return entry if out_size % math.prod(mesh.shape[a] for a in _axes(entry)) == 0 else None
+
+
+def result_spec(kind, spec, avals, out_shape, mesh):
+  """The PartitionSpec of an op's result under explicit axes (module docstring, item 2), in the native layout."""
+  nb_ax, f_ax = spec.act_axes()
+  o_ax, _ = spec.filter_axes()
+  g, b = spec.feature_groups, spec.batch_groups
+  nd = len(out_shape)
+  out = [None] * nd
+  a, bb = avals[0], avals[1]
+  a_spec, b_spec = _entries(a), _entries(bb)
+
+  def size(entry):
+    return math.prod(mesh.shape[x] for x in _axes(entry))
+
+  if kind in (_FWD, _DGRAD):  # an activation result: batch and spatial dims from the activation operand
+    for d in range(nd):
+      if d != f_ax:
+        out[d] = _kept(a_spec[d], a.shape[d], out_shape[d], mesh)
+    if kind == _FWD and a_spec[f_ax] is None and g == 1 and b == 1:
+      k_entry = b_spec[o_ax]
+      if k_entry is not None and out_shape[f_ax] % size(k_entry) == 0:
+        out[f_ax] = k_entry
+  else:  # a filter gradient: output channels as dy's channels, the rest replicated (summed over the batch)
+    k_entry = b_spec[f_ax]
+    if k_entry is not None and g == 1 and b == 1 and out_shape[o_ax] % size(k_entry) == 0:
+      out[o_ax] = k_entry
+  used = set()
+  for d, entry in enumerate(out):  # a mesh axis shards one dim at most
+    if entry is not None and set(_axes(entry)) & used:
+      out[d] = None
+    elif entry is not None:
+      used |= set(_axes(entry))
+  return P(*out)
+
+
+def _typed(kind, spec, out_aval, in_avals):
+  """The result type: its sharding as lax's rules give it, or the varying manual axes inside shard_map."""
+  out_aval = _with_vma(out_aval, in_avals)
+  if _varying(out_aval):
+    return out_aval
+  mesh = _mesh_of(in_avals)
+  if not _explicit_axes(mesh):
+    return out_aval if mesh.empty else out_aval.update(sharding=NamedSharding(mesh, P()))
+  return out_aval.update(sharding=NamedSharding(mesh, result_spec(kind, spec, in_avals, out_aval.shape, mesh)))
+
+
+def match_sharding(x, aval):
+  """x with aval's sharding in types (a cotangent brought to its primal's type under explicit axes, as lax's
+  transposes pass the primal's sharding as out_sharding); x itself otherwise."""
+  want = getattr(aval, "sharding", None)
+  if want is None or not _explicit_axes(want.mesh) or _varying(aval):
+    return x
+  have = getattr(jax.typeof(x), "sharding", None)
+  if have is not None and tuple(_entries(jax.typeof(x))) == tuple(_entries(aval)):
+    return x
+  return jax.sharding.reshard(x, want)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -283,7 +395,14 @@ def register(prim, lowerings):
       call = lambda *a: fn(spec, out_dtype, *a)
     else:  # one device, or inside a fully manual shard_map: the FFI call as it is
       call = lambda *a: local.bind(*a, spec=spec, out_dtype=out_dtype)
-    return mlir.lower_fun(call, multiple_results=False)(ctx, *args)
+    out = mlir.lower_fun(call, multiple_results=False)(ctx, *args)
+    aval = ctx.avals_out[0]
+    if not _explicit_axes(getattr(aval.sharding, "mesh", None)):
+      return out
+    # Explicit axes: the result is constrained to its type's sharding, as lax's lowerings do.
+    lower = _private("jax._src.interpreters.mlir.lower_with_sharding_in_types", _lower_with_sharding_in_types)
+    (value,) = out
+    return [lower(ctx, value, aval)]
 
   for platform in lowerings:
     mlir.register_lowering(prim, lowering, platform=platform)
@@ -292,7 +411,7 @@ def register(prim, lowerings):
 
   shape_only = prim.abstract_eval
   prim.def_effectful_abstract_eval(
-      lambda *avals, **params: (lambda out, eff: (_with_vma(out, avals), eff))(
+      lambda *avals, **params: (lambda out, eff: (_typed(prim.name, params["spec"], out, avals), eff))(
           *shape_only(*avals, **params)))
 
   plain_bind = type(prim).bind

@@ -17,6 +17,7 @@ import warnings
 from typing import Dict, Sequence, Tuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxconv import _native, _normalize, registry
@@ -87,6 +88,8 @@ def problems_of(spec, x, w, out_dtype) -> Dict[str, Problem]:
   ct = jax.ShapeDtypeStruct(rules.fwd_shape(x.shape, w.shape, lin), out_dtype)
 
   def fwd_and_grads(x, w, ct):
+    if not jnp.issubdtype(x.dtype, jnp.floating):  # integer convolutions have no gradients (nor in lax)
+      return rules.conv_fwd(x, w, None, lin, out_dtype)
     y, vjp = jax.vjp(lambda x, w: rules.conv_fwd(x, w, None, lin, out_dtype), x, w)
     return (y, *vjp(ct))
 
@@ -107,8 +110,9 @@ def _problems_of_call(lhs, rhs, conv_kwargs, fn) -> Dict[str, Problem]:
 
   lhs, rhs = abstract(lhs), abstract(rhs)
   p = _normalize.plan(lhs, rhs, None, fn=fn, **conv_kwargs)
-  x = jax.ShapeDtypeStruct(tuple(lhs.shape[a] for a in p.x_perm), p.compute_dtype)
-  w = jax.ShapeDtypeStruct(tuple(rhs.shape[a] for a in p.w_perm), p.compute_dtype)
+  lhs_shape, rhs_shape = p.expanded(lhs.shape), p.expanded(rhs.shape)
+  x = jax.ShapeDtypeStruct(tuple(lhs_shape[a] for a in p.x_perm), p.compute_dtype)
+  w = jax.ShapeDtypeStruct(tuple(rhs_shape[a] for a in p.w_perm), p.compute_dtype)
   return problems_of(p.spec, x, w, p.kernel_out_dtype)
 
 
