@@ -12,6 +12,10 @@
 //    type and layout), then converted / transposed.
 #include "cpu/conv_cpu.h"
 
+#include "cpu/activation.h"
+#include "cpu/conv_gemm.h"
+#include "cpu/microkernel.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -387,22 +391,6 @@ Acc* ResultBuffer(const Geo& g, int64_t n, Out* out, std::vector<Acc>& buf) {
   return buf.data();
 }
 
-template <class Acc>
-inline Acc Activate(int act, Acc z) {
-  switch (act) {
-    case kActRelu:
-      return z < Acc(0) ? Acc(0) : z;
-    case kActGelu: {
-      const Acc c = static_cast<Acc>(0.79788456080286535587989211986876);  // sqrt(2/pi)
-      return Acc(0.5) * z * (Acc(1) + std::tanh(c * (z + static_cast<Acc>(0.044715) * z * z * z)));
-    }
-    case kActSilu:
-      return z / (Acc(1) + std::exp(-z));
-    default:
-      return z;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // Kernels (channels-last, accumulation type)
 // ---------------------------------------------------------------------------------------------------------
@@ -497,22 +485,6 @@ __attribute__((target("avx2,fma"))) void Outer4Avx2(int64_t m, int64_t n, Acc* b
   Outer4Body(m, n, b, ldb, xs, v);
 }
 #endif
-
-// AVX2+FMA when the CPU has it, unless JAXCONV_CPU_ISA=baseline. Fixed per process, so results are
-// reproducible on one machine (FMA rounds differently from separate multiply and add).
-inline bool UseAvx2() {
-#ifdef JAXCONV_HAVE_AVX2_LEAF
-  static const bool use = [] {
-    const char* s = std::getenv("JAXCONV_CPU_ISA");
-    if (s != nullptr && std::strcmp(s, "baseline") == 0) return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return use;
-#else
-  return false;
-#endif
-}
 
 template <class Acc>
 Leaf<Acc> GetLeaf() {
@@ -725,7 +697,8 @@ std::string FwdImpl(const ConvParams& p, const In* x, const In* w, const Out* bi
   }
   const int64_t ny = g.Nb * g.OS * g.K;
   Acc* ya = ResultBuffer<Acc, Out>(g, ny, y, yb);
-  if (!FwdKernel<Acc>(g, pr, xa, wa, ba, ya)) return kOom;
+  const bool ok = IgemmFwdApplies(p) ? IgemmFwd<Acc>(p, xa, wa, ba, ya) : FwdKernel<Acc>(g, pr, xa, wa, ba, ya);
+  if (!ok) return kOom;
   if (ya != static_cast<void*>(y)) StoreAct<Acc, Out>(g.cf, g.Nb, g.OS, g.K, ya, y);
   return {};
 }
@@ -738,10 +711,13 @@ std::string DgradImpl(const ConvParams& p, const In* dy, const In* w, Out* dx) {
   MakeProgs(p, ProgKind::kDgrad, pr);
   std::vector<Acc> dyb, wb, xb;
   const Acc* dya = PrepAct<In, Acc>(g.cf, g.Nb, g.OS, g.K, dy, dyb);
-  const Acc* wa = PrepWDgrad<In, Acc>(g, w, wb);
+  const bool gemm = IgemmDgradApplies(p);
+  // The GEMM path packs the filter from (F, Cg, K); the direct kernel reads (F, K, Cg).
+  const Acc* wa = gemm ? PrepWFwd<In, Acc>(g, w, wb) : PrepWDgrad<In, Acc>(g, w, wb);
   const int64_t nx = g.N * g.IS * g.C;
   Acc* xa = ResultBuffer<Acc, Out>(g, nx, dx, xb);
-  if (!DgradKernel<Acc>(g, pr, dya, wa, xa)) return kOom;
+  const bool ok = gemm ? IgemmDgrad<Acc>(p, dya, wa, xa) : DgradKernel<Acc>(g, pr, dya, wa, xa);
+  if (!ok) return kOom;
   if (xa != static_cast<void*>(dx)) StoreAct<Acc, Out>(g.cf, g.N, g.IS, g.C, xa, dx);
   return {};
 }
@@ -757,7 +733,8 @@ std::string WgradImpl(const ConvParams& p, const In* x, const In* dy, Out* dw) {
   const Acc* dya = PrepAct<In, Acc>(g.cf, g.Nb, g.OS, g.K, dy, dyb);
   const int64_t nw = g.F * g.Cg * g.K;
   Acc* wa = ResultBuffer<Acc, Out>(g, nw, dw, wb);
-  if (!WgradKernel<Acc>(g, pr, xa, dya, wa)) return kOom;
+  const bool ok = WgradGemmApplies(p) ? WgradGemm<Acc>(p, xa, dya, wa) : WgradKernel<Acc>(g, pr, xa, dya, wa);
+  if (!ok) return kOom;
   if (wa != static_cast<void*>(dw)) {
     if (!g.cf) {
       for (int64_t e = 0; e < nw; ++e) dw[e] = FromAcc<Out, Acc>(wa[e]);
