@@ -18,6 +18,7 @@
 #include "cpu/activation.h"
 #include "cpu/conv_cpu.h"
 #include "cpu/conv_gemm.h"
+#include "cpu/convert.h"
 #include "cpu/microkernel.h"
 #include "cpu/thread_pool.h"
 
@@ -67,6 +68,46 @@ struct DimMap {
   }
 };
 
+// Writes rows r < nrows, columns j < nv of a block of results (row r at src + r*ld) to
+// dst[row[r] + (col0 + j)*cs], converting to the output type, through the fwd epilogue act(acc + bias[j]) when
+// kEpi. Template arguments, so that the loops vectorize. Channels-last destinations (cs == 1) take one tile at
+// a time; channels-first ones a chunk of rows at a time, so that each channel's stores are runs of positions.
+template <class Acc>
+using StoreFn = void (*)(const Acc* src, int64_t ld, const int64_t* row, int64_t nrows, int64_t col0, int64_t nv,
+                         int64_t cs, const Acc* bias, void* dst);
+
+template <class Acc, class Out, bool kEpi, int kAct>
+void StoreBlock(const Acc* src, int64_t ld, const int64_t* row, int64_t nrows, int64_t col0, int64_t nv,
+                int64_t cs, const Acc* bias, void* dst) {
+  Out* out = static_cast<Out*>(dst) + col0 * cs;
+  auto value = [&](int64_t r, int64_t j) {
+    const Acc v = src[r * ld + j];
+    return FromAcc<Out, Acc>(kEpi ? Activate(kAct, v + bias[j]) : v);
+  };
+  if (cs == 1) {
+    for (int64_t r = 0; r < nrows; ++r) {
+      Out* d = out + row[r];
+      for (int64_t j = 0; j < nv; ++j) d[j] = value(r, j);
+    }
+  } else {
+    for (int64_t j = 0; j < nv; ++j) {
+      Out* d = out + j * cs;
+      for (int64_t r = 0; r < nrows; ++r) d[row[r]] = value(r, j);
+    }
+  }
+}
+
+template <class Acc, class Out>
+StoreFn<Acc> GetStore(bool epilogue, int act) {
+  if (!epilogue) return &StoreBlock<Acc, Out, false, kActNone>;
+  switch (act) {
+    case kActRelu: return &StoreBlock<Acc, Out, true, kActRelu>;
+    case kActGelu: return &StoreBlock<Acc, Out, true, kActGelu>;
+    case kActSilu: return &StoreBlock<Acc, Out, true, kActSilu>;
+    default: return &StoreBlock<Acc, Out, true, kActNone>;
+  }
+}
+
 // The operands of one indirect GEMM call, generic over fwd and dgrad.
 template <class Acc>
 struct Op {
@@ -77,14 +118,15 @@ struct Op {
   int64_t ncols = 0;   // output columns per segment
   const Acc* src = nullptr;
   int64_t src_c = 0, src_bstep = 0, src_cstep = 0;  // channels per position; per-segment batch/channel offsets
-  Acc* dst = nullptr;
-  int64_t dst_c = 0, dst_bstep = 0, dst_cstep = 0;
+  // Destination element (batch b, flat position q, channel ch) at dst[b*dst_bs + q*dst_qs + ch*dst_cs], in the
+  // output's own layout and type (store converts); per-segment batch and channel offsets.
+  void* dst = nullptr;
+  int64_t dst_bs = 0, dst_qs = 0, dst_cs = 0, dst_bstep = 0, dst_cstep = 0;
   // Filter value for (segment s, tap f, reduction channel c, column n): w[f*wf + c*wc + s*ws + n*wn].
   const Acc* w = nullptr;
   int64_t wf = 0, wc = 0, ws = 0, wn = 0;
-  const Acc* bias = nullptr;  // fwd only: k values, indexed by the destination channel
-  int act = kActNone;
-  bool epilogue = false;  // fwd: act(acc + bias) as the direct kernels compute it
+  const Acc* bias = nullptr;  // fwd epilogue only (else null): k values, indexed by the destination channel
+  StoreFn<Acc> store = nullptr;
 };
 
 // One (segment, residue class) GEMM.
@@ -193,16 +235,25 @@ bool Run(const Op<Acc>& op) {
     }
   }
 
+  int64_t max_block = 1;  // widest panel block of an item, in columns
+  for (const Item& item : items) max_block = std::max(max_block, (item.panel1 - item.panel0) * NR);
+  const bool by_chunk = op.dst_cs != 1;
   const std::vector<Acc> zeros(static_cast<size_t>(std::max<int64_t>(op.cin, 1)), Acc(0));
   struct Scratch {
-    std::vector<const Acc*> ptrs;
+    std::vector<const Acc*> ptrs;     // [tap][row of the tile]
+    std::vector<int64_t> rows;        // destination offsets of the chunk's rows
+    ScratchVec<Acc> block;            // channels-first destinations: the chunk's results, [row][column]
     alignas(64) Acc tile[kMR * NR];
   };
   std::vector<Scratch> scratch(static_cast<size_t>(threads));
-  for (Scratch& sc : scratch) sc.ptrs.resize(static_cast<size_t>(std::max<int64_t>(max_taps, 1) * kMR));
+  for (Scratch& sc : scratch) {
+    sc.ptrs.resize(static_cast<size_t>(std::max<int64_t>(max_taps, 1) * kMR));
+    sc.rows.resize(static_cast<size_t>(tiles_per_chunk * kMR));
+    if (by_chunk) sc.block.resize(static_cast<size_t>(tiles_per_chunk * kMR * max_block));
+  }
   const IgemmTileFn<Acc> kernel = GetMicroKernels<Acc>().igemm;
   const int64_t L0 = dm[0].L, L1 = dm[1].L, L2 = dm[2].L;
-  const int64_t Q0 = dm[0].Q, Q1 = dm[1].Q, Q2 = dm[2].Q;
+  const int64_t Q1 = dm[1].Q, Q2 = dm[2].Q;
 
   return PoolFor(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int thread) {
     const Item& item = items[it];
@@ -213,13 +264,14 @@ bool Run(const Op<Acc>& op) {
     const int64_t* tp = &taps[pb.tap0 * 3];
     const Acc* src = op.src + pb.s * op.src_cstep;
     const int64_t src_b0 = pb.s * op.src_bstep, dst_b0 = pb.s * op.dst_bstep, dst_co = pb.s * op.dst_cstep;
-    Acc* rowp[kMR];
-    for (int64_t mt = item.tile0; mt < item.tile1; ++mt) {
-      const int64_t m0 = mt * kMR;
-      const int nrows = static_cast<int>(std::min<int64_t>(kMR, pb.rows - m0));
+    const int64_t c0 = item.panel0 * NR, ncols = std::min(op.ncols, item.panel1 * NR) - c0;
+    const Acc* bias = op.bias ? op.bias + dst_co : nullptr;
+    const int64_t m_begin = item.tile0 * kMR, m_end = std::min(pb.rows, item.tile1 * kMR);
+    for (int64_t m0 = m_begin; m0 < m_end; m0 += kMR) {
+      const int nrows = static_cast<int>(std::min<int64_t>(kMR, m_end - m0));
+      int64_t* rowp = sc.rows.data() + (m0 - m_begin);
       for (int r = 0; r < kMR; ++r) {
         if (r >= nrows) {
-          rowp[r] = nullptr;
           for (int64_t t = 0; t < pb.ntaps; ++t) ptrs[t * kMR + r] = zeros.data();
           continue;
         }
@@ -231,10 +283,10 @@ bool Run(const Op<Acc>& op) {
         const int64_t t0 = m % pb.cnt[0];
         const int64_t j = m / pb.cnt[0];
         const int64_t q0 = pb.r[0] + t0 * dm[0].P, q1 = pb.r[1] + t1 * dm[1].P, q2 = pb.r[2] + t2 * dm[2].P;
-        rowp[r] = op.dst + ((((dst_b0 + j) * Q0 + q0) * Q1 + q1) * Q2 + q2) * op.dst_c + dst_co;
-        const int64_t* s0 = &dm[0].src[q0 * dm[0].W];
-        const int64_t* s1 = &dm[1].src[q1 * dm[1].W];
-        const int64_t* s2 = &dm[2].src[q2 * dm[2].W];
+        rowp[r] = (dst_b0 + j) * op.dst_bs + ((q0 * Q1 + q1) * Q2 + q2) * op.dst_qs + dst_co * op.dst_cs;
+        const int64_t* s0 = dm[0].src.data() + q0 * dm[0].W;
+        const int64_t* s1 = dm[1].src.data() + q1 * dm[1].W;
+        const int64_t* s2 = dm[2].src.data() + q2 * dm[2].W;
         const int64_t sb = src_b0 + j;
         for (int64_t t = 0; t < pb.ntaps; ++t) {
           const int64_t i0 = s0[tp[3 * t]], i1 = s1[tp[3 * t + 1]], i2 = s2[tp[3 * t + 2]];
@@ -249,19 +301,19 @@ bool Run(const Op<Acc>& op) {
         } else {
           std::fill(tile, tile + kMR * NR, Acc(0));
         }
-        const int64_t n0 = jp * NR;
-        const int nv = static_cast<int>(std::min<int64_t>(NR, op.ncols - n0));
-        for (int r = 0; r < nrows; ++r) {
-          Acc* d = rowp[r] + n0;
-          const Acc* tr = tile + r * NR;
-          if (op.epilogue) {
-            const Acc* bias = op.bias ? op.bias + dst_co + n0 : nullptr;
-            for (int j = 0; j < nv; ++j) d[j] = Activate(op.act, tr[j] + (bias ? bias[j] : Acc(0)));
-          } else {
-            std::copy(tr, tr + nv, d);
+        const int64_t n0 = jp * NR, nv = std::min<int64_t>(NR, op.ncols - n0);
+        if (!by_chunk) {
+          op.store(tile, NR, rowp, nrows, n0, nv, 1, bias ? bias + n0 : nullptr, op.dst);
+        } else {
+          for (int r = 0; r < nrows; ++r) {
+            std::copy(tile + r * NR, tile + r * NR + nv, sc.block.data() + (m0 - m_begin + r) * max_block + n0 - c0);
           }
         }
       }
+    }
+    if (by_chunk) {
+      op.store(sc.block.data(), max_block, sc.rows.data(), m_end - m_begin, c0, ncols, op.dst_cs,
+               bias ? bias + c0 : nullptr, op.dst);
     }
   });
 }
@@ -294,8 +346,22 @@ bool IgemmDgradApplies(const ConvParams& p) {
   return !s.depthwise && s.Cg >= 8 && s.Ks >= 4;
 }
 
-template <class Acc>
-bool IgemmFwd(const ConvParams& p, const Acc* x, const Acc* w, const Acc* bias, Acc* y) {
+// Strides of the destination (batch, flat position, channel) in its layout.
+void DestStrides(const ConvParams& p, bool is_x, int64_t* bs, int64_t* qs, int64_t* cs) {
+  const int64_t* sp = is_x ? p.in : p.out;
+  const int64_t q = sp[0] * sp[1] * sp[2], ch = is_x ? p.c[0] : p.k[0];
+  *bs = q * ch;
+  if (p.layout[0] == kChannelsFirst) {
+    *qs = 1;
+    *cs = q;
+  } else {
+    *qs = ch;
+    *cs = 1;
+  }
+}
+
+template <class Acc, class Out>
+bool IgemmFwd(const ConvParams& p, const Acc* x, const Acc* w, const Acc* bias, Out* y) {
   const Shape sh = ShapeOf(p);
   Op<Acc> op;
   for (int d = 0; d < 3; ++d) {
@@ -310,7 +376,7 @@ bool IgemmFwd(const ConvParams& p, const Acc* x, const Acc* w, const Acc* bias, 
   op.src_bstep = p.batch_groups[0] > 1 ? sh.Nb : 0;
   op.src_cstep = p.groups[0] > 1 ? sh.Cg : 0;
   op.dst = y;
-  op.dst_c = p.k[0];
+  DestStrides(p, false, &op.dst_bs, &op.dst_qs, &op.dst_cs);
   op.dst_bstep = 0;
   op.dst_cstep = sh.Ks;
   op.w = w;  // (F, Cg, K)
@@ -318,14 +384,19 @@ bool IgemmFwd(const ConvParams& p, const Acc* x, const Acc* w, const Acc* bias, 
   op.wc = p.k[0];
   op.ws = sh.Ks;
   op.wn = 1;
-  op.bias = bias;
-  op.act = static_cast<int>(p.activation[0]);
-  op.epilogue = true;
+  const int act = static_cast<int>(p.activation[0]);
+  std::vector<Acc> zero_bias;
+  if (bias == nullptr && act != kActNone) {
+    zero_bias.assign(static_cast<size_t>(p.k[0]), Acc(0));
+    bias = zero_bias.data();
+  }
+  op.bias = bias;  // non-null exactly when there is an epilogue
+  op.store = GetStore<Acc, Out>(bias != nullptr, act);
   return Run(op);
 }
 
-template <class Acc>
-bool IgemmDgrad(const ConvParams& p, const Acc* dy, const Acc* w, Acc* dx) {
+template <class Acc, class Out>
+bool IgemmDgrad(const ConvParams& p, const Acc* dy, const Acc* w, Out* dx) {
   const Shape sh = ShapeOf(p);
   Op<Acc> op;
   for (int d = 0; d < 3; ++d) {
@@ -340,7 +411,7 @@ bool IgemmDgrad(const ConvParams& p, const Acc* dy, const Acc* w, Acc* dx) {
   op.src_bstep = 0;
   op.src_cstep = sh.Ks;
   op.dst = dx;
-  op.dst_c = p.c[0];
+  DestStrides(p, true, &op.dst_bs, &op.dst_qs, &op.dst_cs);
   op.dst_bstep = p.batch_groups[0] > 1 ? sh.Nb : 0;
   op.dst_cstep = p.groups[0] > 1 ? sh.Cg : 0;
   op.w = w;  // (F, Cg, K): reduction channel kk, column cg
@@ -348,13 +419,18 @@ bool IgemmDgrad(const ConvParams& p, const Acc* dy, const Acc* w, Acc* dx) {
   op.wc = 1;
   op.ws = sh.Ks;
   op.wn = p.k[0];
+  op.store = GetStore<Acc, Out>(false, kActNone);
   return Run(op);
 }
 
-template bool IgemmFwd<float>(const ConvParams&, const float*, const float*, const float*, float*);
-template bool IgemmFwd<double>(const ConvParams&, const double*, const double*, const double*, double*);
-template bool IgemmDgrad<float>(const ConvParams&, const float*, const float*, float*);
-template bool IgemmDgrad<double>(const ConvParams&, const double*, const double*, double*);
+#define JAXCONV_IGEMM_INSTANTIATE(Acc, Out)                                                        \
+  template bool IgemmFwd<Acc, Out>(const ConvParams&, const Acc*, const Acc*, const Acc*, Out*); \
+  template bool IgemmDgrad<Acc, Out>(const ConvParams&, const Acc*, const Acc*, Out*);
+JAXCONV_IGEMM_INSTANTIATE(float, float)
+JAXCONV_IGEMM_INSTANTIATE(float, bf16_t)
+JAXCONV_IGEMM_INSTANTIATE(float, f16_t)
+JAXCONV_IGEMM_INSTANTIATE(double, double)
+#undef JAXCONV_IGEMM_INSTANTIATE
 
 }  // namespace cpu
 }  // namespace jaxconv
