@@ -5,7 +5,9 @@ op (fwd, dgrad, wgrad) it jits one jaxconv function and one lax function on the 
 (same dtype, default precision: both compute in float32 for float32, float64 for float64, and float32
 accumulation for bfloat16), warms both, then times them interleaved (the order alternates every repeat),
 each call waited for with block_until_ready, and reports the median of the repeats of each and the ratio
-jaxconv / lax, then the geometric mean and the max of the ratios, per op and over all.
+jaxconv / lax ("ratio"), then the geometric mean, median and max of the ratios, per op and over all. The ratio
+of the two fastest repeats ("min r") is printed beside it: on a machine shared with other work it is the
+steadier of the two.
 
 dgrad and wgrad are the linear transposes of the forward convolution in x and in w (jax.linear_transpose),
 which is what jax.grad runs for each of them: jaxconv's dgrad/wgrad custom calls, and lax's transposed
@@ -128,9 +130,19 @@ def measure_row(row, op, min_time, min_reps, max_reps, seed):
       samples[impl].append(_time_once(fns[impl], args))
     rep += 1
   med = {impl: statistics.median(s) for impl, s in samples.items()}
+  low = {impl: min(s) for impl, s in samples.items()}
   return {"row": name, "op": op, "dtype": dtype_name, "layout": layout, "reps": rep, "rel_err": err,
           "jaxconv_ms": med["jaxconv"] * 1e3, "lax_ms": med["lax"] * 1e3,
-          "ratio": med["jaxconv"] / med["lax"], "samples_ms": {i: [v * 1e3 for v in s] for i, s in samples.items()}}
+          "ratio": med["jaxconv"] / med["lax"], "ratio_of_min": low["jaxconv"] / low["lax"],
+          "samples_ms": {i: [v * 1e3 for v in s] for i, s in samples.items()}}
+
+
+def _loadavg():
+  try:
+    with open("/proc/loadavg") as f:
+      return " ".join(f.read().split()[:3])
+  except OSError:
+    return "unknown"
 
 
 def _summary(results, label):
@@ -158,19 +170,21 @@ def main(argv=None):
   rows = [r for r in ROWS if re.search(args.filter, r[0])]
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, {len(rows)} rows x {ops}, "
         f"min_time {args.min_time}s, reps {args.min_reps}-{args.max_reps}", flush=True)
-  print(f"{'row':36s} {'op':5s} {'dtype':8s} {'jaxconv ms':>11s} {'lax ms':>9s} {'ratio':>6s} {'reps':>4s} "
-        f"{'relerr':>8s}", flush=True)
+  print(f"load average at start: {_loadavg()}")
+  print(f"{'row':36s} {'op':5s} {'dtype':8s} {'jaxconv ms':>11s} {'lax ms':>9s} {'ratio':>6s} {'min r':>6s} "
+        f"{'reps':>4s} {'relerr':>8s}", flush=True)
   results = []
   for i, row in enumerate(rows):
     for op in ops:
       r = measure_row(row, op, args.min_time, args.min_reps, args.max_reps, args.seed + i)
       results.append(r)
       print(f"{r['row']:36s} {op:5s} {r['dtype']:8s} {r['jaxconv_ms']:11.3f} {r['lax_ms']:9.3f} "
-            f"{r['ratio']:6.2f} {r['reps']:4d} {r['rel_err']:8.1e}", flush=True)
+            f"{r['ratio']:6.2f} {r['ratio_of_min']:6.2f} {r['reps']:4d} {r['rel_err']:8.1e}", flush=True)
   print()
   for op in ops:
     print(_summary([r for r in results if r["op"] == op], op))
   print(_summary(results, "all"))
+  print(f"load average at end: {_loadavg()}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"argv": sys.argv, "jax": jax.__version__, "results": results}, f, indent=1)

@@ -1,8 +1,8 @@
 """The CPU kernels' GEMM paths (csrc/cpu/conv_igemm.cc, conv_wgrad_gemm.cc) against a float64 reference.
 
-Every case here has at least 8 input and 8 output channels per group, so fwd, dgrad and wgrad all take the
-GEMM paths; sizes are odd or prime (ragged micro-kernel tiles and panels), over both layouts, groups, batch
-groups, strides, both dilations and negative padding. Inputs are fresh random normal values each session
+Every case here is not depthwise, so fwd, dgrad and wgrad all take the GEMM paths; sizes are odd or prime
+(ragged micro-kernel tiles and panels), over both layouts, groups (down to one channel in or out per group),
+batch groups, strides, both dilations and negative padding. Inputs are fresh random normal values each session
 (JAXCONV_TEST_SEED reproduces a run; the seed is in every failure message). The reference is the float64
 numpy convolution of conv_utils (checked against lax in test_reference.py), from the same rounded inputs.
 
@@ -59,6 +59,18 @@ CASES = [
     ("conv3d_nchw", 3, "NCHW", 2, 9, 10, (4, 5, 3), (2, 3, 3),
      dict(window_strides=(2, 1, 1), padding="SAME", rhs_dilation=(1, 1, 2))),
     ("window_larger_than_input", 2, "NHWC", 1, 8, 8, (3, 4), (5, 5), dict(window_strides=(1, 1), padding="SAME")),
+    ("one_channel", 2, "NCHW", 2, 1, 1, (9, 7), (3, 3), dict(window_strides=(1, 1), padding="SAME")),
+    ("rgb_stem", 2, "NHWC", 2, 3, 7, (17, 15), (7, 7), dict(window_strides=(2, 2), padding=((3, 3), (3, 3)))),
+    ("to_one_channel", 2, "NHWC", 3, 29, 1, (6, 5), (3, 3), dict(window_strides=(1, 1), padding="SAME")),
+    ("channel_multiplier", 2, "NHWC", 2, 5, 15, (7, 8), (3, 3),
+     dict(window_strides=(1, 1), padding="SAME", feature_group_count=5)),
+    ("channel_reducer_nchw", 2, "NCHW", 2, 12, 4, (7, 6), (3, 3),
+     dict(window_strides=(2, 1), padding="SAME", feature_group_count=4)),
+    ("small_groups", 2, "NHWC", 1, 6, 9, (5, 7), (2, 3),
+     dict(window_strides=(1, 2), padding=((1, 0), (2, 1)), feature_group_count=3, rhs_dilation=(2, 1))),
+    ("batch_groups_one_channel", 2, "NCHW", 4, 1, 2, (6, 7), (3, 3),
+     dict(window_strides=(1, 1), padding="SAME", batch_group_count=2)),
+    ("long_window_1d", 1, "NCHW", 1, 2, 3, (300,), (63,), dict(window_strides=(1,), padding="SAME")),
 ]
 
 DTYPES = ["float32", "float64", "bfloat16", "float16"]

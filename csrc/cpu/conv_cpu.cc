@@ -16,9 +16,9 @@
 #include "cpu/conv_gemm.h"
 #include "cpu/convert.h"
 #include "cpu/microkernel.h"
+#include "cpu/thread_pool.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -50,39 +50,26 @@ namespace {
 
 constexpr double kMinWorkPerThread = 1 << 19;  // multiply-adds; below this a thread costs more than it saves
 
-// Runs fn(begin, end) over [0, n) split into contiguous chunks, one per thread. Returns false if any chunk
-// threw (e.g. bad_alloc); the chunks that ran have written their outputs, the caller reports an error.
+// Runs fn(begin, end) over [0, n) split into contiguous chunks, on the pool (thread_pool.h; a few chunks per
+// thread, claimed dynamically). Every kernel computes each output element inside one chunk in a fixed order,
+// so the split does not change any result. Returns false if any chunk threw (e.g. bad_alloc); the caller
+// reports an error.
 template <class F>
 bool ParallelFor(int64_t n, double work_per_item, F&& fn) {
   if (n <= 0) return true;
   const double total = work_per_item * static_cast<double>(n);
-  int64_t t = std::min<int64_t>(NumThreads(), n);
+  int64_t t = std::min<int64_t>(PoolThreads(), n);
   t = std::min<int64_t>(t, std::max<int64_t>(1, static_cast<int64_t>(total / kMinWorkPerThread)));
-  std::atomic<bool> ok{true};
-  auto run = [&](int64_t b, int64_t e) {
-    try {
-      fn(b, e);
-    } catch (...) {
-      ok = false;
-    }
-  };
   if (t <= 1) {
-    run(0, n);
-    return ok;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(t - 1));
-  for (int64_t i = 1; i < t; ++i) {
-    const int64_t b = n * i / t, e = n * (i + 1) / t;
     try {
-      threads.emplace_back(run, b, e);
+      fn(int64_t{0}, n);
     } catch (...) {
-      run(b, e);  // could not start a thread: do the chunk here
+      return false;
     }
+    return true;
   }
-  run(0, n / t);
-  for (auto& th : threads) th.join();
-  return ok;
+  const int64_t chunks = std::min<int64_t>(n, 4 * t);
+  return PoolFor(chunks, static_cast<int>(t), [&](int64_t i, int) { fn(n * i / chunks, n * (i + 1) / chunks); });
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -153,6 +153,7 @@ bool Run(const Op<Acc>& op) {
   int64_t packed_size = 0;
   double macs = 0;
   const int64_t panels = CeilDiv(op.ncols, NR);
+  if (panels == 0) return true;  // no output channels: nothing to write
   for (int64_t s = 0; s < op.S; ++s) {
     const int64_t c0 = std::min(dm[0].P, dm[0].Q), c1 = std::min(dm[1].P, dm[1].Q), c2 = std::min(dm[2].P, dm[2].Q);
     for (int64_t r0 = 0; r0 < c0; ++r0) {
@@ -335,16 +336,11 @@ Shape ShapeOf(const ConvParams& p) {
 
 }  // namespace
 
-// The GEMM tile needs some width in both the reduction and the columns to beat the direct kernels.
-bool IgemmFwdApplies(const ConvParams& p) {
-  const Shape s = ShapeOf(p);
-  return !s.depthwise && s.Ks >= 8 && s.Cg >= 4;
-}
+// Everything but depthwise convolutions (one channel in and out per group), which the direct kernels run as
+// elementwise products: the GEMM paths beat the direct kernels even with a single channel per group.
+bool IgemmFwdApplies(const ConvParams& p) { return !ShapeOf(p).depthwise; }
 
-bool IgemmDgradApplies(const ConvParams& p) {
-  const Shape s = ShapeOf(p);
-  return !s.depthwise && s.Cg >= 8 && s.Ks >= 4;
-}
+bool IgemmDgradApplies(const ConvParams& p) { return !ShapeOf(p).depthwise; }
 
 // Strides of the destination (batch, flat position, channel) in its layout.
 void DestStrides(const ConvParams& p, bool is_x, int64_t* bs, int64_t* qs, int64_t* cs) {

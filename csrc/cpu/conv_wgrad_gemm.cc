@@ -74,10 +74,10 @@ struct DimTab {
 
 }  // namespace
 
+// As for fwd and dgrad (conv_igemm.cc): everything but depthwise convolutions.
 bool WgradGemmApplies(const ConvParams& p) {
   const int64_t S = p.groups[0] * p.batch_groups[0];
-  const int64_t Cg = p.c[0] / p.groups[0], Ks = p.k[0] / S;
-  return Ks >= 8 && Cg >= 4;
+  return !(p.groups[0] > 1 && p.c[0] / p.groups[0] == 1 && p.k[0] / S == 1);
 }
 
 template <class Acc>

@@ -1,5 +1,7 @@
 // The persistent pool of thread_pool.h. Workers sleep on a condition variable between loops (no spinning: the
-// cores may be shared with other processes and with XLA's own threads).
+// cores may be shared with other processes and with XLA's own threads), and a loop never waits for a worker
+// that has not started on it: the caller claims items too, and once none are left it only waits for the
+// workers already inside.
 #include "cpu/thread_pool.h"
 
 #include <algorithm>
@@ -40,13 +42,17 @@ class Pool {
       participants_ = t;
       next_.store(0);
       ok_.store(true);
-      pending_ = t - 1;
+      open_ = true;
+      active_ = 0;
       ++generation_;
     }
     cv_work_.notify_all();
     Work(0);
+    // Every item is claimed: close the loop to workers that have not joined yet (a worker the OS has not
+    // scheduled must not hold the caller up) and wait for those that did.
     std::unique_lock<std::mutex> lock(mu_);
-    cv_done_.wait(lock, [this] { return pending_ == 0; });
+    open_ = false;
+    cv_done_.wait(lock, [this] { return active_ == 0; });
     fn_ = nullptr;
     return ok_.load();
   }
@@ -78,17 +84,16 @@ class Pool {
   void WorkerLoop(int w) {
     uint64_t seen = 0;
     for (;;) {
-      bool participate;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_work_.wait(lock, [&] { return generation_ != seen; });
         seen = generation_;
-        participate = w < participants_;
+        if (!open_ || w >= participants_) continue;
+        ++active_;
       }
-      if (!participate) continue;
       Work(w);
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+      if (--active_ == 0) cv_done_.notify_all();
     }
   }
 
@@ -99,7 +104,8 @@ class Pool {
   const std::function<void(int64_t, int)>* fn_ = nullptr;
   int64_t n_ = 0;
   int participants_ = 0;
-  int pending_ = 0;
+  bool open_ = false;  // workers may still join the current loop
+  int active_ = 0;     // workers inside the current loop
   std::atomic<int64_t> next_{0};
   std::atomic<bool> ok_{true};
   std::vector<std::thread> workers_;
