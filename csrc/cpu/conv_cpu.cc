@@ -1,15 +1,18 @@
 // CPU kernels: see conv_cpu.h. Strategy:
 //  - Inputs are converted (and, for channels-first, transposed) into channels-last temporaries of the
-//    accumulation type (f32, or f64 for f64); f32/f64 channels-last inputs are used in place.
-//  - Per spatial dim, the valid (tap, position) pairs of every output (fwd), input (dgrad) or tap (wgrad)
-//    position form one arithmetic progression; they are precomputed (lhs-dilation divisibility, padding and
-//    bounds all folded in), so the inner loops never test validity.
-//  - fwd: per output position, a full K row is accumulated (innermost loop over contiguous K).
+//    accumulation type (f32, or f64 for f64); f32/f64 channels-last inputs are used in place (convert.h).
+//  - Every convolution but a depthwise one runs on the GEMM paths (conv_gemm.h: indirect GEMMs for fwd and
+//    dgrad, which write the output in its own layout and type, and a GEMM over positions for wgrad).
+//  - The direct kernels below run the rest (depthwise) and keep the general case: per spatial dim, the
+//    valid (tap, position) pairs of every output (fwd), input (dgrad) or tap (wgrad) position form one
+//    arithmetic progression, precomputed (lhs-dilation divisibility, padding and bounds folded in), so the
+//    inner loops never test validity.
+//    fwd: per output position, a full K row is accumulated (innermost loop over contiguous K).
 //    dgrad: gather per dx position over (tap, output position), a full C row (innermost over contiguous Cg).
 //    wgrad: per (tap, block of Cg rows), accumulate outer products over (batch, output position) in a fixed
 //    order. Every output element is produced by one thread in a fixed order: deterministic results.
-//  - Outputs are written through a channels-last accumulation-type buffer (the output itself when it has that
-//    type and layout), then converted / transposed.
+//    Their outputs are written through a channels-last accumulation-type buffer (the output itself when it
+//    has that type and layout), then converted / transposed.
 #include "cpu/conv_cpu.h"
 
 #include "cpu/activation.h"

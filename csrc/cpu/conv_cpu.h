@@ -4,8 +4,10 @@
 //
 // The kernels trust their arguments: call them only with params that passed DecodeParams and buffers whose
 // shapes match ExpectedDims (DecodeAndValidate does both). Every output element is written (empty sums give
-// 0, or act(bias) for fwd). Results are deterministic and independent of the number of threads: each output
-// element is accumulated by one thread in a fixed order.
+// 0, or act(bias) for fwd). Results are deterministic and independent of the number of threads and of
+// scheduling: each output element is summed in an order fixed by the problem's shape alone (one thread sums
+// it, except that a wgrad output too small to share out sums its positions in a shape-determined number of
+// parts, added in order; see conv_gemm.h). They may differ between machines with and without AVX2+FMA.
 #pragma once
 
 #include <cstdint>

@@ -137,7 +137,7 @@ struct Problem {
   int64_t rows = 0;
   int64_t tap0 = 0, ntaps = 0;  // its taps: taps[tap0 .. tap0 + ntaps), as (f0, f1, f2)
   int64_t packed = 0;           // offset of its packed filter
-  int64_t panels = 0, panels_per_block = 1, tiles_per_chunk = 1;
+  int64_t panels = 0, panels_per_block = 1;
 };
 
 struct Item {
@@ -192,7 +192,7 @@ bool Run(const Op<Acc>& op) {
   const int threads = static_cast<int>(std::clamp<double>(macs / kGemmMinWorkPerThread, 1, PoolThreads()));
 
   // Pack the filter: per problem and column panel, [tap][channel][NR] (columns past ncols are zero).
-  std::vector<Acc> packed(static_cast<size_t>(packed_size));
+  ScratchVec<Acc> packed(static_cast<size_t>(packed_size));
   const int64_t npack = static_cast<int64_t>(probs.size()) * panels;
   const bool packed_ok = PoolFor(npack, threads, [&](int64_t item, int) {
     const Problem& pb = probs[item / panels];

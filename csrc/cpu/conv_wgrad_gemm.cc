@@ -16,6 +16,7 @@
 
 #include "cpu/conv_cpu.h"
 #include "cpu/conv_gemm.h"
+#include "cpu/convert.h"
 #include "cpu/microkernel.h"
 #include "cpu/thread_pool.h"
 
@@ -111,7 +112,7 @@ bool WgradGemm(const ConvParams& p, const Acc* x, const Acc* dy, Acc* dw) {
   const int64_t chunk_positions = std::clamp<int64_t>(kChunkXBytes / (Cg * static_cast<int64_t>(sizeof(Acc))), 64, 2048);
   const int64_t rows_per_chunk = std::max<int64_t>(1, chunk_positions / std::max<int64_t>(OW, 1));
 
-  std::vector<Acc> part_buf;
+  ScratchVec<Acc> part_buf;
   if (parts > 1) part_buf.resize(static_cast<size_t>(parts * nw));
   const double macs = static_cast<double>(rows_total) * OW * F * Cg * K;
   const int threads = static_cast<int>(std::clamp<double>(macs / kGemmMinWorkPerThread, 1, PoolThreads()));
