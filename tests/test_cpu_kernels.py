@@ -155,11 +155,13 @@ def test_gemm_fwd_fused_bias_activation(layout, activation, dtype):
 
 
 # Problems big enough that the kernels use several threads (and, for the 1x1 wgrad with few output tiles,
-# a split reduction), run in subprocesses: the thread count and the ISA are fixed per process.
+# a split reduction; the depthwise one runs the direct kernels), run in subprocesses: the thread count and the
+# ISA are fixed per process.
 _SUBPROCESS_PROBLEMS = [
     ("nhwc3x3", (2, 23, 19, 24), (3, 3, 24, 40), ("NHWC", "HWIO", "NHWC"), (1, 1), "SAME", 1),
     ("nchw_s2_groups", (3, 32, 17, 21), (48, 16, 3, 3), ("NCHW", "OIHW", "NCHW"), (2, 2), "SAME", 2),
     ("1x1_few_tiles", (4, 61, 59, 8), (1, 1, 8, 16), ("NHWC", "HWIO", "NHWC"), (1, 1), "VALID", 1),
+    ("depthwise_direct", (2, 37, 41, 32), (3, 3, 1, 32), ("NHWC", "HWIO", "NHWC"), (1, 1), "SAME", 32),
 ]
 
 _SCRIPT = textwrap.dedent("""
