@@ -1,19 +1,27 @@
 // CPU kernels: see conv_cpu.h. Strategy:
 //  - Inputs are converted (and, for channels-first, transposed) into channels-last temporaries of the
-//    accumulation type (f32, or f64 for f64); f32/f64 channels-last inputs are used in place.
-//  - Per spatial dim, the valid (tap, position) pairs of every output (fwd), input (dgrad) or tap (wgrad)
-//    position form one arithmetic progression; they are precomputed (lhs-dilation divisibility, padding and
-//    bounds all folded in), so the inner loops never test validity.
-//  - fwd: per output position, a full K row is accumulated (innermost loop over contiguous K).
+//    accumulation type (f32, or f64 for f64); f32/f64 channels-last inputs are used in place (convert.h).
+//  - Every convolution but a depthwise one runs on the GEMM paths (conv_gemm.h: indirect GEMMs for fwd and
+//    dgrad, which write the output in its own layout and type, and a GEMM over positions for wgrad).
+//  - The direct kernels below run the rest (depthwise) and keep the general case: per spatial dim, the
+//    valid (tap, position) pairs of every output (fwd), input (dgrad) or tap (wgrad) position form one
+//    arithmetic progression, precomputed (lhs-dilation divisibility, padding and bounds folded in), so the
+//    inner loops never test validity.
+//    fwd: per output position, a full K row is accumulated (innermost loop over contiguous K).
 //    dgrad: gather per dx position over (tap, output position), a full C row (innermost over contiguous Cg).
 //    wgrad: per (tap, block of Cg rows), accumulate outer products over (batch, output position) in a fixed
 //    order. Every output element is produced by one thread in a fixed order: deterministic results.
-//  - Outputs are written through a channels-last accumulation-type buffer (the output itself when it has that
-//    type and layout), then converted / transposed.
+//    Their outputs are written through a channels-last accumulation-type buffer (the output itself when it
+//    has that type and layout), then converted / transposed.
 #include "cpu/conv_cpu.h"
 
+#include "cpu/activation.h"
+#include "cpu/conv_gemm.h"
+#include "cpu/convert.h"
+#include "cpu/microkernel.h"
+#include "cpu/thread_pool.h"
+
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -32,96 +40,12 @@ namespace cpu {
 // Scalar conversions
 // ---------------------------------------------------------------------------------------------------------
 
-static inline uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-static inline float BitsFloat(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-float BF16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
-
-uint16_t FloatToBF16(float f) {
-  uint32_t u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even; overflows into inf correctly
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    if (mant == 0) return BitsFloat(sign);
-    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2^-24, exact
-    return BitsFloat(FloatBits(v) | sign);
-  }
-  if (exp == 31) return BitsFloat(sign | 0x7f800000u | (mant << 13));
-  return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-uint16_t FloatToHalf(float f) {
-  uint32_t u = FloatBits(f);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  u &= 0x7fffffffu;
-  if (u >= 0x7f800000u) {  // inf or NaN
-    return static_cast<uint16_t>(sign | (u > 0x7f800000u ? 0x7e00u | ((u >> 13) & 0x3ffu) : 0x7c00u));
-  }
-  if (u >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
-  if (u < 0x38800000u) {  // below the smallest normal half: subnormal or zero, let the FPU round (RNE)
-    const float s = BitsFloat(u) + 0.5f;
-    return static_cast<uint16_t>(sign | (FloatBits(s) - 0x3f000000u));
-  }
-  const uint32_t odd = (u >> 13) & 1u;
-  u += 0xc8000fffu + odd;  // rebias exponent (-112 << 23) and add the rounding bias
-  return static_cast<uint16_t>(sign | (u >> 13));
-}
+float BF16ToFloat(uint16_t h) { return cvt::BF16ToFloat(h); }
+uint16_t FloatToBF16(float f) { return cvt::FloatToBF16(f); }
+float HalfToFloat(uint16_t h) { return cvt::HalfToFloat(h); }
+uint16_t FloatToHalf(float f) { return cvt::FloatToHalf(f); }
 
 namespace {
-
-struct bf16_t {
-  uint16_t v;
-};
-struct f16_t {
-  uint16_t v;
-};
-
-template <class T>
-struct Cvt;
-template <>
-struct Cvt<float> {
-  static float Load(float v) { return v; }
-  static float Store(float a) { return a; }
-};
-template <>
-struct Cvt<double> {
-  static double Load(double v) { return v; }
-  static double Store(double a) { return a; }
-};
-template <>
-struct Cvt<bf16_t> {
-  static float Load(bf16_t v) { return BF16ToFloat(v.v); }
-  static bf16_t Store(float a) { return bf16_t{FloatToBF16(a)}; }
-};
-template <>
-struct Cvt<f16_t> {
-  static float Load(f16_t v) { return HalfToFloat(v.v); }
-  static f16_t Store(float a) { return f16_t{FloatToHalf(a)}; }
-};
-
-template <class Acc, class In>
-inline Acc ToAcc(In v) {
-  return static_cast<Acc>(Cvt<In>::Load(v));
-}
-template <class Out, class Acc>
-inline Out FromAcc(Acc a) {
-  return Cvt<Out>::Store(a);
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // Threads
@@ -129,39 +53,26 @@ inline Out FromAcc(Acc a) {
 
 constexpr double kMinWorkPerThread = 1 << 19;  // multiply-adds; below this a thread costs more than it saves
 
-// Runs fn(begin, end) over [0, n) split into contiguous chunks, one per thread. Returns false if any chunk
-// threw (e.g. bad_alloc); the chunks that ran have written their outputs, the caller reports an error.
+// Runs fn(begin, end) over [0, n) split into contiguous chunks, on the pool (thread_pool.h; a few chunks per
+// thread, claimed dynamically). Every kernel computes each output element inside one chunk in a fixed order,
+// so the split does not change any result. Returns false if any chunk threw (e.g. bad_alloc); the caller
+// reports an error.
 template <class F>
 bool ParallelFor(int64_t n, double work_per_item, F&& fn) {
   if (n <= 0) return true;
   const double total = work_per_item * static_cast<double>(n);
-  int64_t t = std::min<int64_t>(NumThreads(), n);
+  int64_t t = std::min<int64_t>(PoolThreads(), n);
   t = std::min<int64_t>(t, std::max<int64_t>(1, static_cast<int64_t>(total / kMinWorkPerThread)));
-  std::atomic<bool> ok{true};
-  auto run = [&](int64_t b, int64_t e) {
-    try {
-      fn(b, e);
-    } catch (...) {
-      ok = false;
-    }
-  };
   if (t <= 1) {
-    run(0, n);
-    return ok;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(t - 1));
-  for (int64_t i = 1; i < t; ++i) {
-    const int64_t b = n * i / t, e = n * (i + 1) / t;
     try {
-      threads.emplace_back(run, b, e);
+      fn(int64_t{0}, n);
     } catch (...) {
-      run(b, e);  // could not start a thread: do the chunk here
+      return false;
     }
+    return true;
   }
-  run(0, n / t);
-  for (auto& th : threads) th.join();
-  return ok;
+  const int64_t chunks = std::min<int64_t>(n, 4 * t);
+  return PoolFor(chunks, static_cast<int>(t), [&](int64_t i, int) { fn(n * i / chunks, n * (i + 1) / chunks); });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -290,27 +201,9 @@ void MakeProgs(const ConvParams& p, ProgKind kind, std::vector<Prog> progs[3]) {
 // Layout conversion
 // ---------------------------------------------------------------------------------------------------------
 
-// src (B, R, Cc) -> dst (B, Cc, R), converting element types.
-template <class Src, class Dst, class Fn>
-void TransposeConvert(int64_t B, int64_t R, int64_t Cc, const Src* src, Dst* dst, Fn cvt) {
-  constexpr int64_t kT = 32;
-  for (int64_t b = 0; b < B; ++b) {
-    const Src* s = src + b * R * Cc;
-    Dst* d = dst + b * R * Cc;
-    for (int64_t r0 = 0; r0 < R; r0 += kT) {
-      const int64_t r1 = std::min(R, r0 + kT);
-      for (int64_t c0 = 0; c0 < Cc; c0 += kT) {
-        const int64_t c1 = std::min(Cc, c0 + kT);
-        for (int64_t r = r0; r < r1; ++r)
-          for (int64_t c = c0; c < c1; ++c) d[c * R + r] = cvt(s[r * Cc + c]);
-      }
-    }
-  }
-}
-
 // An activation tensor (x or dy): (B, P, Ch) channels-last, or (B, Ch, P) channels-first, to channels-last Acc.
 template <class In, class Acc>
-const Acc* PrepAct(bool cf, int64_t B, int64_t P, int64_t Ch, const In* src, std::vector<Acc>& buf) {
+const Acc* PrepAct(bool cf, int64_t B, int64_t P, int64_t Ch, const In* src, ScratchVec<Acc>& buf) {
   if constexpr (std::is_same_v<In, Acc>) {
     if (!cf) return src;
   }
@@ -320,14 +213,14 @@ const Acc* PrepAct(bool cf, int64_t B, int64_t P, int64_t Ch, const In* src, std
   if (cf) {
     TransposeConvert(B, Ch, P, src, buf.data(), cvt);
   } else {
-    for (int64_t e = 0; e < n; ++e) buf[e] = cvt(src[e]);
+    ConvertCopy(n, src, buf.data(), cvt);
   }
   return buf.data();
 }
 
 // w (channels-last (F, Cg, K) or channels-first (K, Cg, F)) -> (F, Cg, K) Acc.
 template <class In, class Acc>
-const Acc* PrepWFwd(const Geo& g, const In* src, std::vector<Acc>& buf) {
+const Acc* PrepWFwd(const Geo& g, const In* src, ScratchVec<Acc>& buf) {
   if constexpr (std::is_same_v<In, Acc>) {
     if (!g.cf) return src;
   }
@@ -345,7 +238,7 @@ const Acc* PrepWFwd(const Geo& g, const In* src, std::vector<Acc>& buf) {
 
 // w -> (F, K, Cg) Acc, for dgrad.
 template <class In, class Acc>
-const Acc* PrepWDgrad(const Geo& g, const In* src, std::vector<Acc>& buf) {
+const Acc* PrepWDgrad(const Geo& g, const In* src, ScratchVec<Acc>& buf) {
   const int64_t F = g.F, Cg = g.Cg, K = g.K;
   auto cvt = [](In v) { return ToAcc<Acc>(v); };
   if (g.Depthwise()) return PrepWFwd<In, Acc>(g, src, buf);  // Cg == 1: (F, 1, K) == (F, K, 1)
@@ -366,7 +259,7 @@ void StoreAct(bool cf, int64_t B, int64_t P, int64_t Ch, const Acc* src, Out* ds
   if (cf) {
     TransposeConvert(B, P, Ch, src, dst, cvt);
   } else {
-    for (int64_t e = 0; e < n; ++e) dst[e] = cvt(src[e]);
+    ConvertCopy(n, src, dst, cvt);
   }
 }
 
@@ -378,29 +271,13 @@ void FillNaN(Acc* p, int64_t n) {
 // Where a kernel writes its channels-last Acc result: straight into the output when it has that type and
 // layout, else into a temporary.
 template <class Acc, class Out>
-Acc* ResultBuffer(const Geo& g, int64_t n, Out* out, std::vector<Acc>& buf) {
+Acc* ResultBuffer(const Geo& g, int64_t n, Out* out, ScratchVec<Acc>& buf) {
   if constexpr (std::is_same_v<Out, Acc>) {
     if (!g.cf) return out;
   }
   buf.resize(static_cast<size_t>(n));
   if (g.poison) FillNaN(buf.data(), n);
   return buf.data();
-}
-
-template <class Acc>
-inline Acc Activate(int act, Acc z) {
-  switch (act) {
-    case kActRelu:
-      return z < Acc(0) ? Acc(0) : z;
-    case kActGelu: {
-      const Acc c = static_cast<Acc>(0.79788456080286535587989211986876);  // sqrt(2/pi)
-      return Acc(0.5) * z * (Acc(1) + std::tanh(c * (z + static_cast<Acc>(0.044715) * z * z * z)));
-    }
-    case kActSilu:
-      return z / (Acc(1) + std::exp(-z));
-    default:
-      return z;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -497,22 +374,6 @@ __attribute__((target("avx2,fma"))) void Outer4Avx2(int64_t m, int64_t n, Acc* b
   Outer4Body(m, n, b, ldb, xs, v);
 }
 #endif
-
-// AVX2+FMA when the CPU has it, unless JAXCONV_CPU_ISA=baseline. Fixed per process, so results are
-// reproducible on one machine (FMA rounds differently from separate multiply and add).
-inline bool UseAvx2() {
-#ifdef JAXCONV_HAVE_AVX2_LEAF
-  static const bool use = [] {
-    const char* s = std::getenv("JAXCONV_CPU_ISA");
-    if (s != nullptr && std::strcmp(s, "baseline") == 0) return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return use;
-#else
-  return false;
-#endif
-}
 
 template <class Acc>
 Leaf<Acc> GetLeaf() {
@@ -714,7 +575,7 @@ std::string FwdImpl(const ConvParams& p, const In* x, const In* w, const Out* bi
   const Geo g = MakeGeo(p);
   std::vector<Prog> pr[3];
   MakeProgs(p, ProgKind::kFwd, pr);
-  std::vector<Acc> xb, wb, yb, bb;
+  ScratchVec<Acc> xb, wb, yb, bb;
   const Acc* xa = PrepAct<In, Acc>(g.cf, g.N, g.IS, g.C, x, xb);
   const Acc* wa = PrepWFwd<In, Acc>(g, w, wb);
   const Acc* ba = nullptr;
@@ -722,6 +583,9 @@ std::string FwdImpl(const ConvParams& p, const In* x, const In* w, const Out* bi
     bb.resize(static_cast<size_t>(g.K));
     for (int64_t k = 0; k < g.K; ++k) bb[k] = static_cast<Acc>(Cvt<Out>::Load(bias[k]));
     ba = bb.data();
+  }
+  if (IgemmFwdApplies(p)) {  // writes y in its layout and type
+    return IgemmFwd<Acc, Out>(p, xa, wa, ba, y) ? std::string() : std::string(kOom);
   }
   const int64_t ny = g.Nb * g.OS * g.K;
   Acc* ya = ResultBuffer<Acc, Out>(g, ny, y, yb);
@@ -736,8 +600,12 @@ std::string DgradImpl(const ConvParams& p, const In* dy, const In* w, Out* dx) {
   const Geo g = MakeGeo(p);
   std::vector<Prog> pr[3];
   MakeProgs(p, ProgKind::kDgrad, pr);
-  std::vector<Acc> dyb, wb, xb;
+  ScratchVec<Acc> dyb, wb, xb;
   const Acc* dya = PrepAct<In, Acc>(g.cf, g.Nb, g.OS, g.K, dy, dyb);
+  if (IgemmDgradApplies(p)) {  // packs the filter from (F, Cg, K); writes dx in its layout and type
+    const Acc* wa = PrepWFwd<In, Acc>(g, w, wb);
+    return IgemmDgrad<Acc, Out>(p, dya, wa, dx) ? std::string() : std::string(kOom);
+  }
   const Acc* wa = PrepWDgrad<In, Acc>(g, w, wb);
   const int64_t nx = g.N * g.IS * g.C;
   Acc* xa = ResultBuffer<Acc, Out>(g, nx, dx, xb);
@@ -752,12 +620,13 @@ std::string WgradImpl(const ConvParams& p, const In* x, const In* dy, Out* dw) {
   const Geo g = MakeGeo(p);
   std::vector<Prog> pr[3];
   MakeProgs(p, ProgKind::kWgrad, pr);
-  std::vector<Acc> xb, dyb, wb;
+  ScratchVec<Acc> xb, dyb, wb;
   const Acc* xa = PrepAct<In, Acc>(g.cf, g.N, g.IS, g.C, x, xb);
   const Acc* dya = PrepAct<In, Acc>(g.cf, g.Nb, g.OS, g.K, dy, dyb);
   const int64_t nw = g.F * g.Cg * g.K;
   Acc* wa = ResultBuffer<Acc, Out>(g, nw, dw, wb);
-  if (!WgradKernel<Acc>(g, pr, xa, dya, wa)) return kOom;
+  const bool ok = WgradGemmApplies(p) ? WgradGemm<Acc>(p, xa, dya, wa) : WgradKernel<Acc>(g, pr, xa, dya, wa);
+  if (!ok) return kOom;
   if (wa != static_cast<void*>(dw)) {
     if (!g.cf) {
       for (int64_t e = 0; e < nw; ++e) dw[e] = FromAcc<Out, Acc>(wa[e]);

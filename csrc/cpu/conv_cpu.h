@@ -4,19 +4,22 @@
 //
 // The kernels trust their arguments: call them only with params that passed DecodeParams and buffers whose
 // shapes match ExpectedDims (DecodeAndValidate does both). Every output element is written (empty sums give
-// 0, or act(bias) for fwd). Results are deterministic and independent of the number of threads: each output
-// element is accumulated by one thread in a fixed order.
+// 0, or act(bias) for fwd). Results are deterministic and independent of the number of threads and of
+// scheduling: each output element is summed in an order fixed by the problem's shape alone (one thread sums
+// it, except that a wgrad output too small to share out sums its positions in a shape-determined number of
+// parts, added in order; see conv_gemm.h). They may differ between machines with and without AVX2+FMA.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "core/conv_params.h"
+#include "core/types.h"
 
 namespace jaxconv {
 namespace cpu {
 
-enum class DType { kF32, kF64, kBF16, kF16 };
+using ::jaxconv::DType;  // the one element-type enum (core/types.h)
 
 // Each returns an empty string on success, else an error message (e.g. out of memory, unsupported dtype pair).
 // `bias` is ignored (may be null) unless p.has_bias[0] == 1; it has the output dtype and p.k[0] elements.

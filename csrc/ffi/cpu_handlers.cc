@@ -13,15 +13,8 @@
 namespace jaxconv {
 namespace {
 
-bool ToCpuDType(ffi::DataType t, cpu::DType* out) {
-  switch (t) {
-    case ffi::DataType::F32: *out = cpu::DType::kF32; return true;
-    case ffi::DataType::F64: *out = cpu::DType::kF64; return true;
-    case ffi::DataType::BF16: *out = cpu::DType::kBF16; return true;
-    case ffi::DataType::F16: *out = cpu::DType::kF16; return true;
-    default: return false;
-  }
-}
+// The float kernels' element types (conv_cpu.h); integer and bool operands go to conv_int.h.
+bool ToFloatDType(ffi::DataType t, DType* out) { return ToDType(t, out) && IsFloat(*out); }
 
 // Validates everything; then either the float kernels' dtypes (*int_op false) or an integer op (*int_op true: the
 // core dtypes are read from the buffers by the caller).
@@ -32,7 +25,7 @@ ffi::Error Prepare(Op op, ffi::Span<const int64_t> params, const ffi::AnyBuffer&
   DType core_in;
   ToDType(a.element_type(), &core_in);  // DecodeAndValidate accepted it
   *int_op = IsInteger(core_in);
-  if (!*int_op && (!ToCpuDType(a.element_type(), in_t) || !ToCpuDType(out.element_type(), out_t))) {
+  if (!*int_op && (!ToFloatDType(a.element_type(), in_t) || !ToFloatDType(out.element_type(), out_t))) {
     return ffi::Error::InvalidArgument(std::string(TargetName(op)) + ": unsupported dtype");
   }
   if (p->poison[0] == 1 && out.size_bytes() > 0) std::memset(out.untyped_data(), 0xFF, out.size_bytes());
