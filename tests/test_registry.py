@@ -220,6 +220,8 @@ def _tolerance(dtype, precision, name):
 def test_each_variant_forced_on_its_cases_matches_the_float64_reference(name, i, case, rng):
   conv = CONV[case.nspatial]
   kw = case.conv_kwargs()
+  if not np.issubdtype(np.dtype(case.dtype), np.floating):
+    return _check_integer_case(name, case, conv, kw, rng)
   with cu.gpu_context(case.dtype):
     x = cu.to_gpu(cu.randn(rng, case.x, case.dtype))
     w = cu.to_gpu(cu.randn(rng, case.w, case.dtype))
@@ -245,3 +247,21 @@ def test_each_variant_forced_on_its_cases_matches_the_float64_reference(name, i,
   tol = _tolerance(case.dtype, case.precision, name)
   for op in case.ops:
     cu.assert_close(got[op], ref[op], tol, f"{name} {op} {case.label()}")
+
+
+def _check_integer_case(name, case, conv, kw, rng):
+  """An integer or bool case: the forward only (lax has no integer gradients), exact against lax on the CPU."""
+  kw = {k: v for k, v in kw.items() if k != "precision"}
+  lo, hi = (0, 2) if case.dtype == "bool" else (-8, 8)
+  x, w = (rng.integers(lo, hi, size=s).astype(case.dtype) for s in (case.x, case.w))
+  f = jax.jit(lambda x, w: conv(x, w, algorithm=name, **kw))
+  lowered = f.lower(cu.to_gpu(x), cu.to_gpu(w))
+  assert name in _variants_in(lowered.as_text()).get("fwd", []), lowered.as_text()[:2000]
+  got = np.asarray(lowered.compile()(cu.to_gpu(x), cu.to_gpu(w)))
+  nd = case.nspatial
+  tup = lambda v: (v,) * nd if isinstance(v, int) else tuple(v)
+  pad = case.padding if isinstance(case.padding, str) else tuple(case.padding)
+  want = cu.ref_conv_int(x, w, got.dtype, window_strides=tup(case.stride), padding=pad,
+                         rhs_dilation=tup(case.dilation), dimension_numbers=cu.channels_last_dn(nd),
+                         feature_group_count=case.groups)
+  np.testing.assert_array_equal(got, want)

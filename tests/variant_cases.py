@@ -113,6 +113,12 @@ CATALOGUE = {
     "depthwise.vec": [Case((2, 11, 9, 8), (3, 3, 1, 8), dilation=(2, 1), groups=8)],
     "depthwise.tiled": [Case((2, 9, 9, 6), (3, 3, 1, 6), dtype="float64", groups=6)],
     "depthwise.gather": [Case((2, 9, 10, 3), (3, 3, 1, 3), ops=(FWD, DGRAD), stride=2, groups=3)],
+    # ---- integer and bool operands (forward only: lax has no integer gradients) ----
+    "integer.mma_s8": [Case((2, 9, 11, 16), (3, 3, 16, 32), dtype="int8", ops=(FWD,))],
+    "integer.direct": [
+        Case((2, 9, 10, 5), (3, 3, 5, 7), dtype="int32", ops=(FWD,), stride=2),
+        Case((1, 7, 6, 5, 3), (2, 3, 2, 3, 4), dtype="bool", ops=(FWD,)),
+    ],
     # ---- XLA's own convolution and the CUDA-core floor ----
     "xla.conv": [
         Case((2, 9, 9, 8), (3, 3, 4, 6), groups=2),

@@ -31,6 +31,7 @@ _FAMILY_DESCRIPTIONS = {
     "implicit_gemm": "tensor cores (CUTLASS implicit GEMM): channels-last, no groups, aligned output channels",
     "implicit_gemm_sm80": "implicit_gemm's mma.sync (sm_80) kernels only, also on Hopper",
     "xla": "XLA's own convolution (cuDNN on the GPU): auto's floor where no jaxconv kernel runs the problem",
+    "integer": "integer and bool operands (forward; lax has no integer gradients), int8 on tensor cores",
 }
 
 
@@ -49,8 +50,12 @@ def table_markdown() -> str:
   """The registry as a markdown table (the README's "What runs where" table is this, generated)."""
   rows = ["| variant | ops | dtypes | technique | file |", "|---|---|---|---|---|"]
   short = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}
+  ints = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
   for v in variants():
-    rows.append(f"| `{v.name}` | {', '.join(v.ops)} | {', '.join(short[d] for d in v.dtypes)} | {v.summary} | "
+    dts = [short.get(d, d) for d in v.dtypes]
+    if set(ints) <= set(v.dtypes):  # the whole integer set in one word
+      dts = [d for d in dts if d not in ints] + ["integers, bool"]
+    rows.append(f"| `{v.name}` | {', '.join(v.ops)} | {', '.join(dts)} | {v.summary} | "
                 f"`csrc/{v.file}` |")
   return "\n".join(rows) + "\n"
 
