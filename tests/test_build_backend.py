@@ -108,10 +108,12 @@ def test_pyproject_uses_this_backend_without_an_unconditional_cutlass():
   assert not any("cutlass" in r for r in system["requires"]), system["requires"]
 
 
-def _record(build_dir: pathlib.Path, **info) -> pathlib.Path:
+def _record(build_dir: pathlib.Path, python: dict | None, **info) -> pathlib.Path:
   build_dir.mkdir(parents=True)
   path = build_dir / ".skbuild-info.json"
   path.write_text(json.dumps(info))
+  if python is not None:
+    (build_dir / ".jaxconv-python.json").write_text(json.dumps(python))
   return path
 
 
@@ -119,14 +121,26 @@ def test_a_build_dir_of_this_checkout_survives_a_new_isolated_environment(backen
   import scikit_build_core
   monkeypatch.setattr(backend, "_SOURCE_DIR", tmp_path)
   here = os.fspath(pathlib.Path(scikit_build_core.__file__).parent.resolve())
-  same = dict(source_dir=str(tmp_path), python_executable=sys.executable, skbuild_version=scikit_build_core.__version__,
-              skbuild_path="/gone/isolated-env/scikit_build_core")
-  mine = _record(tmp_path / "build" / "cp3-linux", **same)
-  other_python = _record(tmp_path / "build" / "other-python", **dict(same, python_executable="/other/python"))
-  other_version = _record(tmp_path / "build" / "other-version", **dict(same, skbuild_version="0.0.1"))
-  other_source = _record(tmp_path / "build" / "other-source", **dict(same, source_dir="/elsewhere"))
+  gone = "/gone/isolated-env/scikit_build_core"
+  same = dict(source_dir=str(tmp_path), python_executable="/gone/isolated-env/bin/python",
+              skbuild_version=scikit_build_core.__version__, skbuild_path=gone)
+  python = backend._python_identity()
+  mine = _record(tmp_path / "build" / "cp3-linux", python, **same)
+  other_python = _record(tmp_path / "build" / "other-python", dict(python, include="/other/include"), **same)
+  unknown_python = _record(tmp_path / "build" / "unknown-python", None, **same)
+  other_version = _record(tmp_path / "build" / "other-version", python, **dict(same, skbuild_version="0.0.1"))
+  other_source = _record(tmp_path / "build" / "other-source", python, **dict(same, source_dir="/elsewhere"))
   backend._keep_build_dirs({"build-dir": "build/{wheel_tag}"})
   assert json.loads(mine.read_text())["skbuild_path"] == here
   # Anything else is left to scikit-build-core's own check (which clears that cache).
-  for path in (other_python, other_version, other_source):
-    assert json.loads(path.read_text())["skbuild_path"] == "/gone/isolated-env/scikit_build_core", path
+  for path in (other_python, unknown_python, other_version, other_source):
+    assert json.loads(path.read_text())["skbuild_path"] == gone, path
+
+
+def test_a_build_notes_the_python_it_used(backend, monkeypatch, tmp_path):
+  monkeypatch.setattr(backend, "_SOURCE_DIR", tmp_path)
+  this = _record(tmp_path / "b" / "this", None, source_dir=str(tmp_path), python_executable=sys.executable)
+  other = _record(tmp_path / "b" / "other", None, source_dir=str(tmp_path), python_executable="/other/python")
+  backend._note_python({"build-dir": "b/{wheel_tag}"})
+  assert json.loads((this.parent / ".jaxconv-python.json").read_text()) == backend._python_identity()
+  assert not (other.parent / ".jaxconv-python.json").exists()

@@ -14,8 +14,8 @@
    environment moves (CMakeLists.txt copies the headers it takes from build-environment packages into the build
    tree, and find_package searches again for a package whose recorded directory is gone), so before handing over
    this backend records the current scikit-build-core location in a build directory that this same checkout,
-   interpreter and scikit-build-core version made. Anything else (another source tree, interpreter or version)
-   is left to scikit-build-core's own check.
+   Python (the same version and headers, in whichever virtual environment) and scikit-build-core version made.
+   Anything else (another source tree, Python or version) is left to scikit-build-core's own check.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import pathlib
 import re
 import shutil
 import sys
+import sysconfig
 
 import scikit_build_core
 from scikit_build_core import build as _skbuild
@@ -34,6 +35,8 @@ from scikit_build_core import build as _skbuild
 # The CUTLASS release whose C++ API the kernels are written against.
 CUTLASS_REQUIREMENT = "nvidia-cutlass==4.2.0.0"
 _DEFINE = "cmake.define.JAXCONV_CUDA"
+_SKBUILD_INFO = ".skbuild-info.json"  # scikit-build-core's record of a build directory
+_PYTHON_INFO = ".jaxconv-python.json"  # this backend's note of the Python that made it
 _SOURCE_DIR = pathlib.Path.cwd()
 
 __all__ = [
@@ -94,40 +97,69 @@ def _settings(config_settings) -> dict:
 def _build_dir_pattern(config_settings) -> str:
   pattern = _setting(config_settings, "build-dir")
   if not pattern:
-    try:
-      import tomllib
-    except ImportError:  # pragma: no cover - Python 3.10
-      from scikit_build_core._compat import tomllib
+    import tomllib
     pyproject = tomllib.loads((_SOURCE_DIR / "pyproject.toml").read_text(encoding="utf-8"))
     pattern = pyproject.get("tool", {}).get("scikit-build", {}).get("build-dir", "")
   return pattern
 
 
-def _keep_build_dirs(config_settings) -> None:
-  """Records this scikit-build-core's location in the reusable build directories this checkout made (see 3.)."""
+def _records(config_settings):
+  """(build directory, scikit-build-core's record of it) for every build directory the build-dir pattern names."""
   pattern = _build_dir_pattern(config_settings)
   if not pattern:
     return
-  here = pathlib.Path(scikit_build_core.__file__).parent.resolve()  # what scikit-build-core compares
-  version = scikit_build_core.__version__
   root = pattern if os.path.isabs(pattern) else str(_SOURCE_DIR / pattern)
   # The pattern's placeholders ({wheel_tag}, {cache_tag}, ...) match any one directory name.
-  for info_path in glob.glob(os.path.join(re.sub(r"\{[^}]*\}", "*", glob.escape(root)), ".skbuild-info.json")):
+  for info_path in glob.glob(os.path.join(re.sub(r"\{[^}]*\}", "*", glob.escape(root)), _SKBUILD_INFO)):
     try:
       with open(info_path, encoding="utf-8") as f:
         info = json.load(f)
-      same = (isinstance(info, dict) and info.get("skbuild_version") == version
-              and info.get("python_executable") == sys.executable
-              and pathlib.Path(info.get("source_dir", "")) == _SOURCE_DIR.resolve())
-      if not same or info.get("skbuild_path") == os.fspath(here):
-        continue
-      info["skbuild_path"] = os.fspath(here)
-      tmp = info_path + ".tmp"
-      with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2)
-      os.replace(tmp, info_path)
     except (OSError, ValueError):  # an unreadable record: scikit-build-core clears that cache itself
       continue
+    if isinstance(info, dict) and pathlib.Path(info.get("source_dir", "")) == _SOURCE_DIR.resolve():
+      yield pathlib.Path(info_path).parent, info
+
+
+def _python_identity() -> dict:
+  """What the compile commands take from the interpreter: the same for every virtual environment of one Python
+  (pip's and build's isolated environments are new ones each time)."""
+  return {"version": sys.version, "include": sysconfig.get_paths()["include"],
+          "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX")}
+
+
+def _write_json(path: pathlib.Path, data: dict) -> None:
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+  os.replace(tmp, path)
+
+
+def _keep_build_dirs(config_settings) -> None:
+  """Records this scikit-build-core's location in the build directories this checkout made with this Python and
+  this scikit-build-core version (see 3.), so that scikit-build-core keeps their cache and objects."""
+  here = os.fspath(pathlib.Path(scikit_build_core.__file__).parent.resolve())  # what scikit-build-core compares
+  for build_dir, info in _records(config_settings):
+    try:
+      python = json.loads((build_dir / _PYTHON_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+      continue
+    if info.get("skbuild_version") != scikit_build_core.__version__ or python != _python_identity():
+      continue
+    if info.get("skbuild_path") != here:
+      info["skbuild_path"] = here
+      try:
+        _write_json(build_dir / _SKBUILD_INFO, info)
+      except OSError:
+        continue
+
+
+def _note_python(config_settings) -> None:
+  """Notes beside scikit-build-core's record which Python the build directory this run used was made with."""
+  for build_dir, info in _records(config_settings):
+    if info.get("python_executable") == sys.executable:
+      try:
+        _write_json(build_dir / _PYTHON_INFO, _python_identity())
+      except OSError:
+        continue
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -144,12 +176,18 @@ def get_requires_for_build_sdist(config_settings=None):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
   _keep_build_dirs(config_settings)
-  return _skbuild.build_wheel(wheel_directory, _settings(config_settings), metadata_directory)
+  try:
+    return _skbuild.build_wheel(wheel_directory, _settings(config_settings), metadata_directory)
+  finally:
+    _note_python(config_settings)
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
   _keep_build_dirs(config_settings)
-  return _skbuild.build_editable(wheel_directory, _settings(config_settings), metadata_directory)
+  try:
+    return _skbuild.build_editable(wheel_directory, _settings(config_settings), metadata_directory)
+  finally:
+    _note_python(config_settings)
 
 
 def build_sdist(sdist_directory, config_settings=None):
