@@ -19,12 +19,13 @@ them the way XLA:CPU runs it, so that results match lax's bit for bit where XLA'
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+
+from jaxconv import _jax_compat
 
 # Floating types the kernels compute in.
 NATIVE_FLOATS = tuple(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.bfloat16, jnp.float16))
@@ -35,17 +36,9 @@ _SUB_BYTE_INTS = {np.dtype(ml_dtypes.int4): np.dtype("int8"), np.dtype(ml_dtypes
 # Types lax accepts but XLA:CPU cannot convolve (it fails at compile time): refused at trace time instead.
 _UNSUPPORTED = tuple(np.dtype(getattr(ml_dtypes, n)) for n in ("int2", "uint2") if hasattr(ml_dtypes, n))
 
-try:  # lax's canonicalisation of a requested dtype (the x64 warning, float64 -> float32 when x64 is off)
-  from jax._src.dtypes import check_and_canonicalize_user_dtype as _canonicalize_user_dtype
-except ImportError:  # pragma: no cover - a jax without it: the public canonicalisation, with lax's warning
-  def _canonicalize_user_dtype(dtype, fun_name):
-    requested = np.dtype(dtype)
-    out = np.dtype(jax.dtypes.canonicalize_dtype(requested))
-    if out != requested:
-      warnings.warn(f"Explicitly requested dtype {requested} requested in {fun_name} is not available, and will be "
-                    f"truncated to dtype {out}. To enable more dtypes, set the jax_enable_x64 configuration option "
-                    "or the JAX_ENABLE_X64 shell environment variable.", stacklevel=5)
-    return out
+def _canonicalize_user_dtype(dtype, fun_name):
+  """lax's canonicalisation of a requested dtype (the x64 warning, float64 -> float32 when x64 is off)."""
+  return _jax_compat.get("check_and_canonicalize_user_dtype")(dtype, fun_name)
 
 
 @dataclasses.dataclass(frozen=True)

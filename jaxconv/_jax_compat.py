@@ -26,6 +26,10 @@ PRIVATE_APIS: dict[str, tuple[str, ...]] = {
     # The lowering context's axis context: partitioned jit or (partly) manual shard_map.
     "ShardingContext": ("jax._src.sharding_impls.ShardingContext",),
     "SPMDAxisContext": ("jax._src.sharding_impls.SPMDAxisContext",),
+    # Sharding in types: the sharding constraint lax's lowerings put on their results.
+    "lower_with_sharding_in_types": ("jax._src.interpreters.mlir.lower_with_sharding_in_types",),
+    # lax's canonicalisation of a requested result dtype (float64 -> float32 with its warning when x64 is off).
+    "check_and_canonicalize_user_dtype": ("jax._src.dtypes.check_and_canonicalize_user_dtype",),
 }
 
 

@@ -59,8 +59,6 @@ def test_the_first_path_the_jax_has_wins(monkeypatch):
   assert compat.get("fallback") is core.ManualAxisType
 
 
-@pytest.mark.xfail(strict=True, reason="jaxconv/primitives/sharding.py still imports jax._src itself: wire it to "
-                                       "jaxconv._jax_compat.get, then remove this mark")
 def test_no_other_module_imports_jax_private_apis():
   offenders = []
   for path in sorted((ROOT / "jaxconv").rglob("*.py")):

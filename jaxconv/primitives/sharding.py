@@ -48,46 +48,16 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-try:  # jax >= 0.10.1
-  from jax._src.core import auto_insert_reshard as _insert_reshard
-except ImportError:  # pragma: no cover - older jax
-  try:
-    from jax._src.core import standard_insert_pvary as _insert_reshard
-  except ImportError:
-    _insert_reshard = None
-
-try:
-  from jax._src import core as _core
-  from jax._src import dispatch as _dispatch
-  _ManualAxisType = getattr(_core, "ManualAxisType", None)
-except ImportError:  # pragma: no cover
-  _core, _ManualAxisType = None, None
-
-# Private jax pieces of sharding in types: the sharding constraint lax's lowerings put on their results. A jax without
-# it still lowers (the partitioner's choice stands) unless a result type has explicit axes: then _private says which
-# name is missing.
-try:
-  from jax._src.interpreters.mlir import lower_with_sharding_in_types as _lower_with_sharding_in_types
-except ImportError:  # pragma: no cover - a jax that moved it
-  _lower_with_sharding_in_types = None
-
-
-def _private(name, value):
-  if value is None:
-    raise NotImplementedError(
-        f"jaxconv: this jax ({jax.__version__}) lacks the private `{name}` that jaxconv's sharding in types uses; "
-        "run with Auto mesh axes (jax.make_mesh(..., axis_types=(AxisType.Auto,) * n)) or a supported jax")
-  return value
-
+from jaxconv import _jax_compat
 
 # ---------------------------------------------------------------------------------------------------------
 # shard_map: varying manual axes.
 # ---------------------------------------------------------------------------------------------------------
 def reconcile_vma(*args):
   """Operands with one common set of varying manual axes (pvary where needed); a no-op outside shard_map."""
-  if _insert_reshard is None or not args:
+  if not args:
     return args
-  return tuple(_insert_reshard(*args))
+  return tuple(_jax_compat.get("insert_reshard")(*args))
 
 
 def _varying(aval):
@@ -104,10 +74,10 @@ def _with_vma(out_aval, in_avals):
     raise ValueError(f"jaxconv: operands vary over different manual mesh axes {sorted(map(sorted, vmas))}; "
                      "bind the primitives through jaxconv's functions (they insert the pvary)")
   vma = vmas.pop() if vmas else frozenset()
-  if not vma or _ManualAxisType is None:
+  if not vma:
     return out_aval
-  return out_aval.update(sharding=_core.get_cur_mesh_sharding(),
-                         manual_axis_type=_ManualAxisType(varying=vma))
+  return out_aval.update(sharding=_jax_compat.get("get_cur_mesh_sharding")(),
+                         manual_axis_type=_jax_compat.get("ManualAxisType")(varying=vma))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -375,11 +345,10 @@ def _partitioned(prim, local):
 
 def _partitioned_context(ctx) -> bool:
   """Whether the op is lowered for the SPMD partitioner over more than one device."""
-  from jax._src import sharding_impls
   ac = ctx.module_context.axis_context
-  if isinstance(ac, sharding_impls.ShardingContext):
+  if isinstance(ac, _jax_compat.get("ShardingContext")):
     return ac.num_devices > 1 and ac.device_assignment is not None
-  if isinstance(ac, sharding_impls.SPMDAxisContext):
+  if isinstance(ac, _jax_compat.get("SPMDAxisContext")):
     return set(ac.manual_axes) != set(ac.mesh.axis_names)
   return False
 
@@ -400,14 +369,14 @@ def register(prim, lowerings):
     if not _explicit_axes(getattr(aval.sharding, "mesh", None)):
       return out
     # Explicit axes: the result is constrained to its type's sharding, as lax's lowerings do.
-    lower = _private("jax._src.interpreters.mlir.lower_with_sharding_in_types", _lower_with_sharding_in_types)
+    lower = _jax_compat.get("lower_with_sharding_in_types")
     (value,) = out
     return [lower(ctx, value, aval)]
 
   for platform in lowerings:
     mlir.register_lowering(prim, lowering, platform=platform)
   # Like custom_partitioning itself: the partitioner callbacks need the concrete devices at lowering time.
-  _dispatch.prim_requires_devices_during_lowering.add(prim)
+  _jax_compat.get("prim_requires_devices_during_lowering").add(prim)
 
   shape_only = prim.abstract_eval
   prim.def_effectful_abstract_eval(
