@@ -25,40 +25,6 @@ import time
 DEFAULT_OPS = ("fwd", "dgrad", "wgrad")
 
 
-def _compile(case, dtypes, ops, nsets, impls, tag, threads):
-  """sweep_timing.compile_case with jaxconv's programs compiled on `threads` threads (they need no GPU to compile,
-  unlike lax's, whose cuDNN autotuning runs alone, one program after another)."""
-  import concurrent.futures
-
-  import jax
-
-  from jaxconv.bench import cases as _cases
-  from jaxconv.bench import stream_timer
-  from jaxconv.bench import sweep_timing as _timing
-  from jaxconv.bench.harness import _impl_fn, batched, make_op
-  progs = {}
-  for dt in dtypes:
-    npdt = jax.numpy.dtype(_cases.dtype_info(dt)[0])
-    abstract = [tuple(jax.ShapeDtypeStruct(tuple(s), npdt) for s in case.shapes())] * nsets
-    for op in ops:
-      for impl in impls:
-        timer = stream_timer.StreamTimer()
-        p = progs[(impl, dt, op)] = _timing._Program(impl, dt, op, timer)
-        try:
-          fn = batched(make_op(_impl_fn(impl), case, dt, op), nsets, f"{tag}_{impl}_{dt}_{op}".replace("+", "_")
-                       .replace("-", "_"))
-          p.lowered = jax.jit(timer.wrap(fn)).lower(abstract)
-        except Exception as e:  # reported as this measurement's failure
-          p.error = f"lower: {type(e).__name__}: {str(e)[:400]}"
-  live = [p for p in progs.values() if p.error is None]
-  for p in live:
-    if p.impl == "lax":
-      p.compile(None)
-  with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
-    list(pool.map(lambda p: p.compile(None), [p for p in live if p.impl != "lax"]))
-  return progs
-
-
 def _run(args) -> int:
   import jax
 
@@ -78,8 +44,8 @@ def _run(args) -> int:
       continue
     nsets = _timing.nsets_for(case)
     inputs = _timing.InputSets(case, dtypes, nsets, data_seed=i)
-    inputs.prepare()
-    progs = _compile(case, dtypes, ops, nsets, impls, f"ab{i}", args.threads)
+    progs = _timing.compile_case(case, dtypes, ops, nsets, impls=impls, tag=f"ab{i}", host_work=inputs.prepare,
+                                 threads=args.threads)
     try:
       sets = inputs.get()
       for dt in dtypes:

@@ -112,10 +112,11 @@ class _Program:
 
 
 def compile_case(case, dtypes, ops, nsets, impls=("lax", "jaxconv"), compiler_options=None, tag="sweep",
-                 host_work=None):
+                 host_work=None, threads=1):
     """{(impl, dtype, op): _Program} for one case, compiled as the module docstring says. A side that fails to
     lower or compile carries its error. host_work (a callable: work that launches nothing on the device, such as
-    InputSets.prepare) runs on the thread beside lax's, before the other compilations."""
+    InputSets.prepare) runs on the thread beside lax's, before the other compilations, which run on `threads`
+    threads (they need no GPU)."""
     import jax
     compiler_options = compiler_options or {}
     progs = {}
@@ -134,16 +135,16 @@ def compile_case(case, dtypes, ops, nsets, impls=("lax", "jaxconv"), compiler_op
                     p.error = f"lower: {type(e).__name__}: {str(e)[:400]}"
                 progs[(impl, dt, op)] = p
 
-    def compile_all(names, first=None):
+    def compile_all(names, first=None, workers=1):
         if first is not None:
             first()
-        for (i, _, _), p in progs.items():
-            if i in names and p.error is None:
-                p.compile(compiler_options.get(i))
+        todo = [p for (i, _, _), p in progs.items() if i in names and p.error is None]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as inner:
+            list(inner.map(lambda p: p.compile(compiler_options.get(p.impl)), todo))
 
     others = [i for i in impls if i != "lax"]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = [pool.submit(compile_all, ["lax"]), pool.submit(compile_all, others, host_work)]
+        jobs = [pool.submit(compile_all, ["lax"]), pool.submit(compile_all, others, host_work, threads)]
         try:
             for f in jobs:
                 f.result()

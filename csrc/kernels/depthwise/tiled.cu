@@ -303,7 +303,7 @@ std::string Applies(const Problem& pr) {
 size_t Workspace(const Problem& pr) {
   if (pr.op != Op::kWgrad) return 0;
   const int64_t splits = cuda::TiledWgradSplits(pr.p, pr.in);
-  return splits > 1 ? static_cast<size_t>(splits) * WElements(pr.p) * cuda::AccBytes(pr.in) : 0;
+  return cuda::SplitPartialBytes(pr.p, pr.in, splits);
 }
 
 cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {

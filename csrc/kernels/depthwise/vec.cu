@@ -730,7 +730,7 @@ cudaError_t RunVecWgrad(const ConvParams& p, const VecWgradPlan& pl, const void*
 
 size_t VecWgradWorkspace(const ConvParams& p, DType in) {
   const VecWgradPlan pl = PlanVecWgrad(p, in);
-  return pl.ok && pl.splits > 1 ? static_cast<size_t>(pl.splits) * WElements(p) * AccBytes(in) : 0;
+  return pl.ok ? SplitPartialBytes(p, in, pl.splits) : 0;
 }
 
 }  // namespace

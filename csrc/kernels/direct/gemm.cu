@@ -555,9 +555,7 @@ namespace variants::direct_gemm {
 std::string Applies(const Problem&) { return {}; }
 
 size_t Workspace(const Problem& pr) {
-  if (pr.op != Op::kWgrad) return 0;
-  const int64_t splits = cuda::WgradSplits(pr.p, pr.in);
-  return splits > 1 ? static_cast<size_t>(splits) * WElements(pr.p) * cuda::AccBytes(pr.in) : 0;
+  return pr.op == Op::kWgrad ? cuda::SplitPartialBytes(pr.p, pr.in, cuda::WgradSplits(pr.p, pr.in)) : 0;
 }
 
 cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
@@ -565,9 +563,7 @@ cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
     case Op::kFwd: return cuda::Fwd(pr.p, pr.in, pr.out, b.a, b.b, b.bias, b.out, s);
     case Op::kDgrad: return cuda::Dgrad(pr.p, pr.in, pr.out, b.a, b.b, b.out, s);
     default: {
-      // The split plan needs its workspace; without it (a caller's short buffer) the gradient runs unsplit.
-      const size_t need = Workspace(pr);
-      const int64_t splits = need > 0 && b.ws != nullptr && b.ws_bytes >= need ? cuda::WgradSplits(pr.p, pr.in) : 1;
+      const int64_t splits = cuda::SplitsThatFit(pr.p, pr.in, cuda::WgradSplits(pr.p, pr.in), b.ws, b.ws_bytes);
       return cuda::Wgrad(pr.p, pr.in, pr.out, b.a, b.b, b.out, b.ws, splits, s);
     }
   }

@@ -288,6 +288,18 @@ inline bool IsF32AccPair(DType in, DType out) {
 
 inline size_t AccBytes(DType in) { return in == DType::kF64 ? 8 : 4; }
 
+// The workspace of a filter gradient split `splits` ways: one partial filter per split in the accumulator type (none
+// for one split).
+inline size_t SplitPartialBytes(const ConvParams& p, DType in, int64_t splits) {
+  return splits > 1 ? static_cast<size_t>(splits) * static_cast<size_t>(WElements(p)) * AccBytes(in) : 0;
+}
+// The splits a launch may use: the planned ones where the workspace holds their partials, else one (unsplit: a caller's
+// short buffer gives a correct, less parallel gradient).
+inline int64_t SplitsThatFit(const ConvParams& p, DType in, int64_t planned, const void* ws, size_t ws_bytes) {
+  const size_t need = SplitPartialBytes(p, in, planned);
+  return need > 0 && ws != nullptr && ws_bytes >= need ? planned : 1;
+}
+
 // Split-K plans (how many partial sums a filter gradient computes) target this many multiprocessors, an H100's
 // count, whatever GPU runs them: the plan fixes the workspace size, which XLA must know at compile time
 // (WorkspaceBytes), so it may depend on the problem alone.
