@@ -50,8 +50,9 @@ def test_auto_choice(dtype, out, params, want):
 @pytest.mark.kernels
 def test_no_float_variant_takes_integers_and_no_integer_variant_floats():
   p = _params()
+  fwd_variants = {v.name for v in registry.variants() if "fwd" in v.ops}
   for name, why, _ in registry.explain("fwd", p, "int8", "int32"):
-    if name not in INTEGER_VARIANTS:
+    if name in fwd_variants and name not in INTEGER_VARIANTS:  # the others say they have no forward kernel
       assert "takes no int8 operands" in why, (name, why)
   for name, why, _ in registry.explain("fwd", p, "float32", "float32"):
     if name in INTEGER_VARIANTS:
