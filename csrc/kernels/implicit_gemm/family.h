@@ -63,6 +63,13 @@ inline Staging StagingOf(const ConvParams& p, Op op, DType in) {
   return st;
 }
 
+// A conv kernel set's own workspace (IgemmSm90WorkspaceBytes or IgemmSm80WorkspaceBytes).
+using ConvKernelWorkspace = size_t (*)(const IgemmProblem&, Op, IgemmMath);
+// The workspace of a staged conv variant, in RunStaged's layout: the staging, then the kernels' own.
+inline size_t StagedWorkspace(const Problem& pr, ConvKernelWorkspace kernel) {
+  return StagingOf(pr.p, pr.op, pr.in).bytes() + AlignUp(kernel(ToProblem(pr.p, pr.in), pr.op, MathFor(pr.p, pr.in)));
+}
+
 // Whether the Hopper kernels should run a problem they support. Measured on the H100 (ResNet-50 layers, bf16,
 // batch 32 and 128, jaxconv.autotune; benchmarks/algorithm_survey.py): the mma.sync kernels' narrow tiles win
 // the fprop with short reductions (taps * c < 576, e.g. 1x1 layers that the GEMM path does not take); with

@@ -171,11 +171,7 @@ std::string Applies(const Problem& pr) {
   return PlanError(pr);
 }
 
-size_t Workspace(const Problem& pr) {
-  const cuda::IgemmProblem ip = cuda::igemm::ToProblem(pr.p, pr.in);
-  return cuda::igemm::StagingOf(pr.p, pr.op, pr.in).bytes() +
-         cuda::igemm::AlignUp(cuda::IgemmSm90WorkspaceBytes(ip, pr.op, cuda::MathFor(pr.p, pr.in)));
-}
+size_t Workspace(const Problem& pr) { return cuda::igemm::StagedWorkspace(pr, cuda::IgemmSm90WorkspaceBytes); }
 
 cudaError_t Launch(const Problem& pr, const Buffers& b, cudaStream_t s) {
   if (b.ws_bytes < Workspace(pr)) return cudaErrorInvalidValue;
