@@ -324,10 +324,15 @@ def _partitioned(prim, local):
   def partition(spec, out_dtype, mesh, arg_shapes, result_shape):
     shapes = [a.shape for a in arg_shapes]
     plan = _plan(kind, spec, mesh, shapes, [a.sharding for a in arg_shapes])
+    # lower_fn runs per shard, so it is traced under an all-manual mesh: jax >= 0.11 calls `partition` where the
+    # caller's explicit mesh is current, which would put sharding constraints into the psum's reducer (XLA refuses).
+    manual = jax.sharding.AbstractMesh(tuple(mesh.axis_sizes), tuple(mesh.axis_names),
+                                       axis_types=(jax.sharding.AxisType.Manual,) * len(mesh.axis_names))
 
     def lower_fn(*args):
-      out = local.bind(*args, spec=spec, out_dtype=out_dtype)
-      return jax.lax.psum(out, plan.psum_axes) if plan.psum_axes else out
+      with jax.sharding.use_abstract_mesh(manual):
+        out = local.bind(*args, spec=spec, out_dtype=out_dtype)
+        return jax.lax.psum(out, plan.psum_axes) if plan.psum_axes else out
 
     arg_shardings = tuple(NamedSharding(mesh, s) for s in plan.arg_specs)
     return mesh, lower_fn, NamedSharding(mesh, plan.out_spec), arg_shardings
