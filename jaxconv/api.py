@@ -42,7 +42,13 @@ def _conv(lhs, rhs, bias, *, fn, activation=None, **kwargs):
   dts = p.dtypes
   if p.zero_d:  # the primitives take 1-3 spatial dims: a size-1 one, dropped from the result below
     lhs, rhs = lhs[..., None], rhs[..., None]
+  converted = lhs.dtype.kind in "biu" and np.dtype(dts.operand_dtype).kind in "fc"
   lhs, rhs = lhs.astype(dts.operand_dtype), rhs.astype(dts.operand_dtype)
+  if converted:
+    # Integer operands of a floating convolution: XLA:GPU folds convert(int8) -> convolution back into cuDNN's
+    # integer convolution, whose sums came out wrong (grouped, odd channel counts); the barrier keeps the
+    # floating convolution the plan runs, on the kernels and in the xla.conv variant alike.
+    lhs, rhs = lax.optimization_barrier((lhs, rhs))
   fused = p.spec.has_bias or p.spec.activation is not None
   if dts.complex_parts:
     y = _complex_conv(lhs, rhs, p)
