@@ -37,9 +37,21 @@ def _rand_int(rng, shape, dtype):
                       else np.uint64).astype(dtype)
 
 
+def _on_cpu(fn):
+  """fn run by XLA:CPU, whose semantics are the reference: on the GPU, lax (cuDNN) refuses integer, complex and
+  8-bit convolutions or saturates integer results instead of wrapping."""
+  cpu = cu.cpu_device()
+
+  def run(*args):
+    with jax.default_device(cpu):
+      return fn(*(jax.device_put(a, cpu) for a in args))
+  return run
+
+
 def _both(x, w, **kw):
   args = dict(GEOMETRY, **kw)
-  return lax.conv_general_dilated(x, w, **args), jaxconv.conv_general_dilated(x, w, **args)
+  want = _on_cpu(lambda a, b: lax.conv_general_dilated(a, b, **args))(x, w)
+  return want, jaxconv.conv_general_dilated(x, w, **args)
 
 
 INT_CASES = [  # (operand dtype, preferred_element_type): every pair lax accepts among these
@@ -109,7 +121,7 @@ def test_integer_vmap_matches_lax(rng):
   x, w = _rand_int(rng, (4, *X_SHAPE), np.int8), _rand_int(rng, (4, *W_SHAPE), np.int8)
   f = lambda conv: jax.vmap(lambda a, b: conv(a, b, **GEOMETRY))
   np.testing.assert_array_equal(np.asarray(f(jaxconv.conv_general_dilated)(x, w)),
-                                np.asarray(f(lax.conv_general_dilated)(x, w)))
+                                np.asarray(_on_cpu(f(lax.conv_general_dilated))(x, w)))
 
 
 def test_integer_gradients_refused_as_lax_refuses(rng):
@@ -136,7 +148,7 @@ def test_complex_values_and_gradients(dtype, rng, x64):
   def loss(conv):  # a real loss of a complex convolution: its gradient is the conjugate cotangent lax defines
     return lambda a, b: jnp.sum(jnp.abs(jnp.sin(conv(a, b, precision="highest", **GEOMETRY))) ** 2)
 
-  g_want = jax.grad(loss(lax.conv_general_dilated), (0, 1))(x, w)
+  g_want = _on_cpu(jax.grad(loss(lax.conv_general_dilated), (0, 1)))(x, w)
   g_got = jax.grad(loss(jaxconv.conv_general_dilated), (0, 1))(x, w)
   for a, b in zip(g_got, g_want):
     assert a.dtype == b.dtype == np.dtype(dtype)
@@ -170,7 +182,12 @@ def test_narrow_floats_bit_for_bit(dtype, pref, rng):
   assert got.dtype == want.dtype == np.dtype(pref or dt)
   a, b = np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32))
   np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
-  np.testing.assert_array_equal(a[~np.isnan(a)], b[~np.isnan(b)])
+  a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+  if pref == "float32" and jax.default_backend() != "cpu":
+    # A float32 result keeps the last bit of the summation order, which the GPU kernels choose unlike XLA:CPU.
+    np.testing.assert_allclose(a, b, rtol=5e-7, atol=1e-6 * float(np.abs(b).max()))
+  else:
+    np.testing.assert_array_equal(a, b)
   assert np.count_nonzero(a) > a.size // 4  # fresh data, not a degenerate all-zero result
 
 
@@ -182,7 +199,7 @@ def test_narrow_float_gradients_match_lax(pref, rng):
   loss = lambda conv: lambda a, b: jnp.sum(jnp.sin(conv(a, b, preferred_element_type=pref, **GEOMETRY).astype(
       jnp.float32)))
   for a, b in zip(jax.grad(loss(jaxconv.conv_general_dilated), (0, 1))(x, w),
-                  jax.grad(loss(lax.conv_general_dilated), (0, 1))(x, w)):
+                  _on_cpu(jax.grad(loss(lax.conv_general_dilated), (0, 1)))(x, w)):
     assert a.dtype == b.dtype == dt
     np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
 
