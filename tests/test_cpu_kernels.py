@@ -23,6 +23,14 @@ import pytest
 import conv_utils as cu
 import jaxconv
 
+
+@pytest.fixture(autouse=True)
+def _cpu_device():
+  """Every test here runs on the CPU device, where the CPU kernels run, on a GPU machine too."""
+  with jax.default_device(cu.cpu_device()):
+    yield
+
+
 SESSION_SEED = int(os.environ.get("JAXCONV_TEST_SEED", np.random.SeedSequence().entropy % (1 << 31)))
 
 # (name, nspatial, layout, n, c, k, in, win, kwargs for conv_general_dilated)
