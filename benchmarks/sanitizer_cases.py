@@ -129,6 +129,8 @@ def run_case(name, nsp, xshape, window, k, groups, stride, dilation, padding, al
   w = rng.standard_normal((*window, c // groups, k)).astype(np.float32) / np.sqrt(c * np.prod(window))
   b = rng.standard_normal(k).astype(np.float32)
   conv = {1: jaxconv.conv1d, 2: jaxconv.conv2d, 3: jaxconv.conv3d}[nsp]
+  if np.dtype(dtype).kind in "biu":
+    return run_integer_case(name, conv, nsp, x.shape, w.shape, groups, stride, dilation, padding, algorithm, dtype)
 
   def f(x, w, b):
     return conv(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups,
@@ -165,6 +167,24 @@ def run_case(name, nsp, xshape, window, k, groups, stride, dilation, padding, al
     worst = max(worst, err if np.all(np.isfinite(g)) else np.inf)
   ok = worst <= tol
   print(f"{'ok ' if ok else 'BAD'} {name:24s} {jnp.dtype(dtype).name:8s} rel.err {worst:.2e}", flush=True)
+  return ok
+
+
+def run_integer_case(name, conv, nsp, xshape, wshape, groups, stride, dilation, padding, algorithm, dtype):
+  """An integer or bool case: the forward only (no gradients, bias or activation), exact against lax on the CPU."""
+  rng = np.random.default_rng(0)
+  lo, hi = (0, 2) if np.dtype(dtype) == np.dtype(bool) else (-8, 8)
+  x, w = (rng.integers(lo, hi, size=s).astype(dtype) for s in (xshape, wshape))
+  kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+  got = jax.jit(lambda a, b: conv(a, b, algorithm=algorithm, **kw))(jax.device_put(x, GPU), jax.device_put(w, GPU))
+  nd = nsp + 2
+  dn = jax.lax.ConvDimensionNumbers((0, nd - 1, *range(1, nd - 1)), (nd - 1, nd - 2, *range(nd - 2)),
+                                    (0, nd - 1, *range(1, nd - 1)))
+  with jax.default_device(CPU):  # XLA:CPU's integer semantics (wraparound)
+    want = jax.lax.conv_general_dilated(jax.device_put(x, CPU), jax.device_put(w, CPU), stride, padding,
+                                        rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups)
+  ok = np.array_equal(np.asarray(got), np.asarray(want))
+  print(f"{'ok ' if ok else 'BAD'} {name:24s} {np.dtype(dtype).name:8s} exact {ok}", flush=True)
   return ok
 
 
