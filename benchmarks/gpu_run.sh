@@ -8,14 +8,15 @@
 #
 # ab: an A/B of this tree against the source tree in ab/old (another commit, e.g. `git archive REV | tar -x -C
 # ab/old`), both built here (the old one beside this one's build step), this tree's benchmark package used for
-# both; passes alternate old/new AB_PAIRS times (default 2) over the suite (AB_ARGS: extra ab_suite.py run
-# arguments), then benchmarks/ab_suite.py compare prints the slowest measurements. AB_BUILD=1 builds ab/old in the
-# build step even when ab is not among the steps (for a later call on the same machine).
+# both; AB_PAIRS pairs of passes over the suite (default 2; old first in odd pairs, new first in even ones;
+# AB_ARGS: extra ab_suite.py run arguments), then benchmarks/ab_suite.py compare prints the slowest measurements.
+# AB_BUILD=1 builds ab/old in the build step even when ab is not among the steps (for a later call on the same
+# machine).
 #
 # Wheels in .whl/ (carried: the nvidia-cutlass headers) are installed first.
 # Environment: JAXCONV_CUDA_ARCHS (default 90a), JAXCONV_FUZZ_CASES (default 300 per dtype),
 # BENCH_ARGS (extra arguments for python -m jaxconv.bench), PYTEST_FILES (default tests), PYTEST_WORKERS
-# (default 8), PYTEST_ARGS (extra pytest arguments), SANITIZE_CASES (a regular expression on sanitizer_cases.py's
+# (default 8), PYTEST_ARGS (extra pytest arguments), TESTS_TIMEOUT (seconds), SANITIZE_CASES (a regular expression on sanitizer_cases.py's
 # case names), PACK (default 1: everything under $OUT packed into run.tgz at the end).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,8 +72,9 @@ if [[ " $steps " == *" tests "* ]]; then
   # each allocating on demand.
   workers=()
   $PY -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-8}")
+  # TESTS_TIMEOUT (seconds, default none): stop the suite in time for the steps after it.
   XLA_PYTHON_CLIENT_PREALLOCATE=false JAXCONV_FUZZ_CASES=${JAXCONV_FUZZ_CASES:-300} \
-    $PY -m pytest -q -rs -p no:cacheprovider "${workers[@]}" ${PYTEST_FILES:-tests} \
+    timeout "${TESTS_TIMEOUT:-0}" $PY -m pytest -q -rs -p no:cacheprovider "${workers[@]}" ${PYTEST_FILES:-tests} \
       --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
   rc=$?
   row tests "$([ $rc = 0 ] && echo ok || echo FAILED)" "$(tail -1 "$OUT/tests.log") ($(( $(date +%s) - t0 )) s)"
@@ -139,12 +141,14 @@ if [[ " $steps " == *" ab "* ]] && [ -d ab/old ]; then
   rm -rf ab/old/jaxconv/bench && cp -r jaxconv/bench ab/old/jaxconv/bench  # one timing method for both builds
   passes=()
   for i in $(seq 1 "${AB_PAIRS:-2}"); do
-    for side in old new; do
+    # Odd pairs run old first, even pairs new first: a drift over the visit (clocks, temperature) cancels.
+    order="old new"; [ $(( i % 2 )) = 0 ] && order="new old"
+    for side in $order; do
       src=$([ $side = old ] && echo "$PWD/ab/old" || echo "$PWD")
       PYTHONPATH="$src" $PY benchmarks/ab_suite.py run --label "$side$i" --out "$OUT/ab_$side$i.json" \
         --suite benchmarks/suite.json ${AB_ARGS:-} >> "$OUT/ab.log" 2>&1 || echo "pass $side$i failed" >> "$OUT/ab.log"
-      passes+=("$OUT/ab_$side$i.json")
     done
+    passes+=("$OUT/ab_old$i.json" "$OUT/ab_new$i.json")  # compare pairs them by position: A B A B ...
   done
   $PY benchmarks/ab_suite.py compare "${passes[@]}" > "$OUT/ab_compare.txt" 2>&1
   rc=$?
