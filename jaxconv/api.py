@@ -42,7 +42,8 @@ def _conv(lhs, rhs, bias, *, fn, activation=None, **kwargs):
   dts = p.dtypes
   if p.zero_d:  # the primitives take 1-3 spatial dims: a size-1 one, dropped from the result below
     lhs, rhs = lhs[..., None], rhs[..., None]
-  converted = lhs.dtype.kind in "biu" and np.dtype(dts.operand_dtype).kind in "fc"
+  integral = lambda dt: jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_  # int4/uint4 included
+  converted = integral(lhs.dtype) and not integral(dts.operand_dtype)
   lhs, rhs = lhs.astype(dts.operand_dtype), rhs.astype(dts.operand_dtype)
   if converted:
     # Integer operands of a floating convolution: XLA:GPU folds convert(int8) -> convolution back into cuDNN's
