@@ -54,8 +54,10 @@ if [[ " $steps " == *" build "* ]]; then
       && cp build-ab/_jaxconv_native*.so jaxconv/ ) &
     old_build=$!
   fi
+  # Line tables on: compute-sanitizer's reports then name source lines.
   if JAXCONV_CUDA=ON JAXCONV_CUDA_ARCHS=${JAXCONV_CUDA_ARCHS:-90a} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-      $PY -m pip install --no-build-isolation --no-deps -v -e . -C build-dir=build/gpu >> "$OUT/build.log" 2>&1; then
+      $PY -m pip install --no-build-isolation --no-deps -v -e . -C build-dir=build/gpu \
+      -C cmake.define.JAXCONV_LINEINFO=ON >> "$OUT/build.log" 2>&1; then
     row build ok "$(( $(date +%s) - t0 )) s; $($PY -c 'import jaxconv; print(jaxconv.build_info())')"
   else
     row build FAILED "see build.log"; tail -40 "$OUT/build.log"; steps=""
