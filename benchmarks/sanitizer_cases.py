@@ -121,27 +121,33 @@ CASES = [
 ]
 
 
+def _channels_last_dn(nsp):
+  """lax's dimension numbers of jaxconv's channels-last layout (the references run lax on it)."""
+  nd = nsp + 2
+  return jax.lax.ConvDimensionNumbers((0, nd - 1, *range(1, nd - 1)), (nd - 1, nd - 2, *range(nd - 2)),
+                                      (0, nd - 1, *range(1, nd - 1)))
+
+
 def run_case(name, nsp, xshape, window, k, groups, stride, dilation, padding, algorithm, dtype,
              precision="highest"):
-  rng = np.random.default_rng(0)
   c = xshape[-1]
-  x = rng.standard_normal(xshape).astype(np.float32)
-  w = rng.standard_normal((*window, c // groups, k)).astype(np.float32) / np.sqrt(c * np.prod(window))
-  b = rng.standard_normal(k).astype(np.float32)
+  wshape = (*window, c // groups, k)
   conv = {1: jaxconv.conv1d, 2: jaxconv.conv2d, 3: jaxconv.conv3d}[nsp]
   if np.dtype(dtype).kind in "biu":
-    return run_integer_case(name, conv, nsp, x.shape, w.shape, groups, stride, dilation, padding, algorithm, dtype)
+    return run_integer_case(name, conv, nsp, xshape, wshape, groups, stride, dilation, padding, algorithm, dtype)
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal(xshape).astype(np.float32)
+  w = rng.standard_normal(wshape).astype(np.float32) / np.sqrt(c * np.prod(window))
+  b = rng.standard_normal(k).astype(np.float32)
 
   def f(x, w, b):
     return conv(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups,
                 activation="gelu", algorithm=algorithm, precision=precision)
 
   def ref(x, w, b):  # lax on the CPU, float32 HIGHEST
-    nd = nsp + 2
-    dn = jax.lax.ConvDimensionNumbers((0, nd - 1, *range(1, nd - 1)), (nd - 1, nd - 2, *range(nd - 2)),
-                                      (0, nd - 1, *range(1, nd - 1)))
-    y = jax.lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation, dimension_numbers=dn,
-                                     feature_group_count=groups, precision="highest")
+    y = jax.lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation,
+                                     dimension_numbers=_channels_last_dn(nsp), feature_group_count=groups,
+                                     precision="highest")
     return jax.nn.gelu(y + b, approximate=True)
 
   def both(fn):
@@ -177,12 +183,10 @@ def run_integer_case(name, conv, nsp, xshape, wshape, groups, stride, dilation, 
   x, w = (rng.integers(lo, hi, size=s).astype(dtype) for s in (xshape, wshape))
   kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
   got = jax.jit(lambda a, b: conv(a, b, algorithm=algorithm, **kw))(jax.device_put(x, GPU), jax.device_put(w, GPU))
-  nd = nsp + 2
-  dn = jax.lax.ConvDimensionNumbers((0, nd - 1, *range(1, nd - 1)), (nd - 1, nd - 2, *range(nd - 2)),
-                                    (0, nd - 1, *range(1, nd - 1)))
   with jax.default_device(CPU):  # XLA:CPU's integer semantics (wraparound)
     want = jax.lax.conv_general_dilated(jax.device_put(x, CPU), jax.device_put(w, CPU), stride, padding,
-                                        rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups)
+                                        rhs_dilation=dilation, dimension_numbers=_channels_last_dn(nsp),
+                                        feature_group_count=groups)
   ok = np.array_equal(np.asarray(got), np.asarray(want))
   print(f"{'ok ' if ok else 'BAD'} {name:24s} {np.dtype(dtype).name:8s} exact {ok}", flush=True)
   return ok
