@@ -63,6 +63,15 @@ def cpu_device():
   return jax.devices("cpu")[0]
 
 
+def on_cpu(fn):
+  """fn run by XLA:CPU on CPU copies of its arguments: the reference semantics for lax comparisons on a GPU machine
+  too, where lax (cuDNN) refuses integer, complex and 8-bit convolutions or saturates integer results."""
+  def run(*args):
+    with jax.default_device(cpu_device()):
+      return fn(*(jax.device_put(a, cpu_device()) for a in args))
+  return run
+
+
 def to_gpu(a):
   """`a` on the first GPU (GPU-only tests)."""
   return jax.device_put(a, jax.devices("gpu")[0])

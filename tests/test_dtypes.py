@@ -37,20 +37,9 @@ def _rand_int(rng, shape, dtype):
                       else np.uint64).astype(dtype)
 
 
-def _on_cpu(fn):
-  """fn run by XLA:CPU, whose semantics are the reference: on the GPU, lax (cuDNN) refuses integer, complex and
-  8-bit convolutions or saturates integer results instead of wrapping."""
-  cpu = cu.cpu_device()
-
-  def run(*args):
-    with jax.default_device(cpu):
-      return fn(*(jax.device_put(a, cpu) for a in args))
-  return run
-
-
 def _both(x, w, **kw):
   args = dict(GEOMETRY, **kw)
-  want = _on_cpu(lambda a, b: lax.conv_general_dilated(a, b, **args))(x, w)
+  want = cu.on_cpu(lambda a, b: lax.conv_general_dilated(a, b, **args))(x, w)
   return want, jaxconv.conv_general_dilated(x, w, **args)
 
 
@@ -121,7 +110,7 @@ def test_integer_vmap_matches_lax(rng):
   x, w = _rand_int(rng, (4, *X_SHAPE), np.int8), _rand_int(rng, (4, *W_SHAPE), np.int8)
   f = lambda conv: jax.vmap(lambda a, b: conv(a, b, **GEOMETRY))
   np.testing.assert_array_equal(np.asarray(f(jaxconv.conv_general_dilated)(x, w)),
-                                np.asarray(_on_cpu(f(lax.conv_general_dilated))(x, w)))
+                                np.asarray(cu.on_cpu(f(lax.conv_general_dilated))(x, w)))
 
 
 def test_integer_gradients_refused_as_lax_refuses(rng):
@@ -148,7 +137,7 @@ def test_complex_values_and_gradients(dtype, rng, x64):
   def loss(conv):  # a real loss of a complex convolution: its gradient is the conjugate cotangent lax defines
     return lambda a, b: jnp.sum(jnp.abs(jnp.sin(conv(a, b, precision="highest", **GEOMETRY))) ** 2)
 
-  g_want = _on_cpu(jax.grad(loss(lax.conv_general_dilated), (0, 1)))(x, w)
+  g_want = cu.on_cpu(jax.grad(loss(lax.conv_general_dilated), (0, 1)))(x, w)
   g_got = jax.grad(loss(jaxconv.conv_general_dilated), (0, 1))(x, w)
   for a, b in zip(g_got, g_want):
     assert a.dtype == b.dtype == np.dtype(dtype)
@@ -199,7 +188,7 @@ def test_narrow_float_gradients_match_lax(pref, rng):
   loss = lambda conv: lambda a, b: jnp.sum(jnp.sin(conv(a, b, preferred_element_type=pref, **GEOMETRY).astype(
       jnp.float32)))
   for a, b in zip(jax.grad(loss(jaxconv.conv_general_dilated), (0, 1))(x, w),
-                  _on_cpu(jax.grad(loss(lax.conv_general_dilated), (0, 1)))(x, w)):
+                  cu.on_cpu(jax.grad(loss(lax.conv_general_dilated), (0, 1)))(x, w)):
     assert a.dtype == b.dtype == dt
     np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
 
