@@ -61,9 +61,15 @@ CATALOGUE = {
         Case((2, 14, 13, 64), (1, 1, 64, 128), dtype="bfloat16", padding="VALID"),
         Case((2, 14, 13, 64), (1, 1, 64, 96), ops=(FWD,), padding="VALID", precision="default"),
     ],
-    "implicit_gemm.flipped_dgrad_sm90": [Case((2, 14, 15, 64), (3, 3, 64, 64), ops=(DGRAD,), precision="default")],
+    "implicit_gemm.flipped_dgrad_sm90": [
+        Case((2, 14, 15, 64), (3, 3, 64, 64), ops=(DGRAD,), precision="default"),
+        Case((2, 5, 7, 11, 64), (3, 3, 3, 64, 72), ops=(DGRAD,), precision="default", padding=((1, 2), (0, 1), (2, 1))),
+    ],
     "implicit_gemm.phased_dgrad_sm90": [
-        Case((2, 15, 17, 64), (3, 3, 64, 64), dtype="bfloat16", ops=(DGRAD,), stride=2)],
+        Case((2, 15, 17, 64), (3, 3, 64, 64), dtype="bfloat16", ops=(DGRAD,), stride=2),
+        Case((2, 9, 11, 13, 64), (3, 3, 3, 64, 40), dtype="bfloat16", ops=(DGRAD,), stride=2),
+        Case((1, 7, 9, 10, 64), (3, 2, 3, 64, 32), ops=(DGRAD,), stride=2, padding="VALID", precision="default"),
+    ],
     "implicit_gemm.swapped_wgrad_sm90": [Case((4, 14, 15, 32), (3, 3, 32, 64), ops=(WGRAD,), precision="default")],
     "implicit_gemm.sm90": [
         Case((2, 14, 15, 64), (3, 3, 64, 64), dtype="bfloat16"),

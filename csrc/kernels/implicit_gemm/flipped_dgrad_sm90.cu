@@ -52,7 +52,6 @@ std::string PlanError(const Problem& pr) {
       return "it takes unit strides and pads within the dilated window";
     }
   }
-  if (!cuda::igemm::StagedKernelExists(p, Op::kDgrad, pr.in)) return "no staged conv kernel takes the problem";
   const IgemmProblem fpr = FlippedDgradProblem(p);
   if (!cuda::IgemmSm90Supports(fpr, Op::kFwd, IgemmMath::kTF32)) {
     return "the Hopper TF32 forward does not take the flipped problem";

@@ -103,7 +103,6 @@ std::string PlanError(const Problem& pr) {
   if (math == IgemmMath::k3xTF32) return "it takes no float32 at HIGH or HIGHEST precision (3xTF32)";
   if (p.c[0] % RowAlign(in) != 0 || p.k[0] % RowAlign(in) != 0) return "it needs 16-byte channel rows";
   if (!cuda::igemm::PreferSm90(cuda::igemm::ToProblem(p, in), Op::kDgrad)) return "it takes c >= 64";
-  if (!cuda::igemm::StagedKernelExists(p, Op::kDgrad, in)) return "no staged conv kernel takes the problem";
   const Phases ph = PhasesOf(p);
   if (ph.count == 0) {
     return "it takes 2 to 8 stride phases, each with taps and rows, dilation 1 and no negative padding";
