@@ -9,6 +9,7 @@
 # ab: an A/B of this tree against the source tree in ab/old (another commit, e.g. `git archive REV | tar -x -C
 # ab/old`), both built here (the old one beside this one's build step), this tree's benchmark package used for
 # both; AB_PAIRS pairs of passes over the suite (default 2; old first in odd pairs, new first in even ones;
+# AB_FROM: the first pair's number, default 1, so that pairs run in later calls continue the alternation;
 # AB_ARGS: extra ab_suite.py run arguments), then benchmarks/ab_suite.py compare prints the slowest measurements.
 # AB_BUILD=1 builds ab/old in the build step even when ab is not among the steps (for a later call on the same
 # machine).
@@ -142,7 +143,7 @@ if [[ " $steps " == *" ab "* ]] && [ -d ab/old ]; then
   t0=$(date +%s)
   rm -rf ab/old/jaxconv/bench && cp -r jaxconv/bench ab/old/jaxconv/bench  # one timing method for both builds
   passes=()
-  for i in $(seq 1 "${AB_PAIRS:-2}"); do
+  for i in $(seq "${AB_FROM:-1}" $(( ${AB_FROM:-1} + ${AB_PAIRS:-2} - 1 ))); do
     # Odd pairs run old first, even pairs new first: a drift over the visit (clocks, temperature) cancels.
     order="old new"; [ $(( i % 2 )) = 0 ] && order="new old"
     for side in $order; do

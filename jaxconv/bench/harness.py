@@ -28,13 +28,34 @@ _UID = [0]
 
 
 def _impl_fn(name):
+    """lax, jaxconv (auto) or jaxconv:NAME, jaxconv with one family or variant forced (`algorithm=NAME`)."""
     from jax import lax
     if name == "lax":
         return lax.conv_general_dilated
     if name == "jaxconv":
         import jaxconv
         return jaxconv.conv_general_dilated
+    if name.startswith("jaxconv:"):
+        from jaxconv import registry
+        algorithm = name.split(":", 1)[1]
+        if algorithm not in registry.names():
+            raise ValueError(f"unknown jaxconv algorithm {algorithm!r} in implementation {name!r}")
+        return _forced_conv(algorithm)
     raise ValueError(f"unknown implementation {name!r}")
+
+
+def _forced_conv(algorithm):
+    """conv_general_dilated's signature with `algorithm` forced (its gradients take the same request)."""
+    from jaxconv import api
+
+    def conv(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None, dimension_numbers=None,
+             feature_group_count=1, batch_group_count=1, precision=None, preferred_element_type=None):
+        return api._conv(lhs, rhs, None, window_strides=window_strides, padding=padding, lhs_dilation=lhs_dilation,
+                         rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers,
+                         feature_group_count=feature_group_count, batch_group_count=batch_group_count,
+                         precision=precision, preferred_element_type=preferred_element_type, activation=None,
+                         algorithm=algorithm, fn="conv_general_dilated")
+    return conv
 
 
 def _precision(prec_name):
