@@ -93,8 +93,10 @@ if [[ " $steps " == *" sanitize "* ]]; then
     # (XLA's partly uninitialised host staging buffers; jaxconv copies nothing) are counted, not failed on.
     filter=(--kernel-name kns=jaxconv --error-exitcode 86)
     [ "$tool" = initcheck ] && filter=(--print-limit 100000)
-    # Command buffers off so every launch is a plain one the tool can follow.
-    XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+    # Command buffers off so every launch is a plain one the tool can follow. XLA's autotuning off: the tools check
+    # jaxconv's kernels, and profiling dozens of cuDNN candidates under memcheck and racecheck faulted inside the
+    # tool (a 3-D float32 filter gradient's candidates); cuDNN's heuristic choice still runs.
+    XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0" \
       timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${filter[@]}" \
       $PY benchmarks/sanitizer_cases.py "${SANITIZE_CASES:-}" > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
