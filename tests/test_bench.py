@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -158,3 +159,33 @@ def test_a_slow_compilation_is_reported_while_it_runs():
   harness.time_entry(case, "float32", "fwd+bwd", log=chatty.append, slow_compile_s=1e-3, **kw)
   for impl in ("jaxconv", "lax"):
     assert any(m.startswith(f"{case.name} float32 fwd+bwd: compiling {impl} (T=1): still running after") for m in chatty)
+
+
+def test_forced_implementation_runs_the_named_variant_and_matches_lax():
+  import jax
+  from jaxconv.bench import harness
+  case = cases.parse_case_spec("2:9x11:5->7:3x3:s2x1:p1x0")
+  x_shape, w_shape, _ = case.shapes()
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal(x_shape).astype(np.float32)
+  w = rng.standard_normal(w_shape).astype(np.float32)
+  kw = harness.conv_kwargs(case, "float32-highest")
+  want = np.asarray(jax.lax.conv_general_dilated(x, w, **kw))
+  from jaxconv import _native, registry
+
+  def requested(impl):  # the algorithm field of the custom call's packed params
+    hlo = jax.jit(lambda x, w: harness._impl_fn(impl)(x, w, **kw)).lower(x, w).as_text()
+    params = [int(v) for v in re.search(r"params = dense<\[([-0-9, ]+)\]>", hlo).group(1).split(",")]
+    offset = 0
+    for name, count in _native.param_fields():
+      if name == "algorithm":
+        return params[offset]
+      offset += count
+
+  assert requested("jaxconv") == registry.request_code("auto")
+  assert requested("jaxconv:direct.gemm") == registry.request_code("direct.gemm")
+  # On the CPU every request runs the CPU kernels: the result is lax's.
+  forced = harness._impl_fn("jaxconv:direct.gemm")
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda x, w: forced(x, w, **kw))(x, w)), want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="unknown jaxconv algorithm 'nope'"):
+    harness._impl_fn("jaxconv:nope")
