@@ -235,18 +235,19 @@ def _worker(partitioner: str) -> None:
     return {"ops": ops, "all_reduce": reduced}
 
   if full:
-    # -- a data-parallel ResNet training step (benchmarks/resnet_step.py), Explicit and Auto axes -----------------
+    # -- a data-parallel ResNet training step (benchmarks/train_step.py), Explicit and Auto axes ------------------
     @check("resnet_step_explicit_and_auto")
     def _():
       sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-      import resnet_step as rs
+      import models
+      import train_step as rs
       rng = np.random.default_rng(3)
       images, labels = rng.standard_normal((16, 16, 16, 3)).astype(np.float32), np.arange(16) % 10
       losses = {}
       for axis_type in (AxisType.Explicit, AxisType.Auto):
         mesh = jax.make_mesh((NDEV,), ("data",), axis_types=(axis_type,))
         for backend in ("lax", "jaxconv") if axis_type == AxisType.Explicit else ("jaxconv",):
-          model = rs.ResNet((1, 1), rs.BasicBlock, conv=rs.CONV_CLASSES[backend], num_classes=10,
+          model = models.ResNet((1, 1), models.BasicBlock, conv=models.CONV_CLASSES[backend], num_classes=10,
                             dtype=jnp.float32)
           tx = rs.make_optimizer(0.1, 1e-4)
           with jax.set_mesh(mesh):

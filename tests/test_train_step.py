@@ -1,8 +1,9 @@
-"""benchmarks/resnet_step.py: the quick run of the ResNet training-step benchmark, on the CPU.
+"""benchmarks/train_step.py and models.py: the training-step benchmark, on the CPU.
 
-ResNet-18 runs the whole script (both backends, checks, timing, outputs) in-process; ResNet-50's step is
-checked as lowered StableHLO only (its CPU compile alone takes ~20 s on two cores), which still covers its
-model definition, parameter tree and that every one of its convolutions goes to jaxconv.
+ResNet-18 runs the whole script (both backends, checks, timing, outputs) in-process; ResNet-50, MobileNetV2 and
+ConvNeXt-T are checked as lowered StableHLO only (ResNet-50's CPU compile alone takes ~20 s on two cores), which
+still covers each model definition, parameter tree and count, and that every one of its convolutions goes to
+jaxconv.
 """
 
 from __future__ import annotations
@@ -21,16 +22,24 @@ pytest.importorskip("flax")
 pytest.importorskip("optax")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import resnet_step  # noqa: E402
+import models  # noqa: E402
+import train_step  # noqa: E402
 
-# torchvision's counts for the same models (conv kernels, BN scales and offsets, dense head with bias).
-NUM_PARAMS = {"resnet18": 11_689_512, "resnet50": 25_557_032}
+# torchvision's counts for the same models (conv kernels and biases, BN and LayerNorm scales and offsets, layer
+# scales, dense layers with biases).
+NUM_PARAMS = {"resnet18": 11_689_512, "resnet50": 25_557_032, "mobilenetv2": 3_504_872, "convnext_t": 28_589_128,
+              # MSD: layer i has 9 (1 + i) weights and a bias, the output layer 51 + 1.
+              "msd": sum(9 * (1 + i) + 1 for i in range(50)) + 52,
+              # 3-D UNet: 27 c_in c_out weights per 3x3x3 conv, BatchNorm scale and offset per output channel.
+              "unet3d": sum(27 * ci * co + 2 * co for ci, co in [(1, 16), (16, 16), (16, 32), (32, 32), (32, 64),
+                                                                  (64, 64), (96, 32), (32, 32), (48, 16), (16, 16)])
+              + 16 * 2 + 2}
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("resnet")
-  result = resnet_step.main(["--quick", "--models", "resnet18", "--out", str(out), "--commit", "abc1234",
+  result = train_step.main(["--quick", "--models", "resnet18", "--out", str(out), "--commit", "abc1234",
                              "--profile-steps", "1"])
   return result, out
 
@@ -60,7 +69,7 @@ def test_quick_run_profile_attributes_every_jaxconv_call(quick_run):
   prof = r["profile"]
   jc_rows = [row for row in prof["rows"] if "jaxconv" in row["calls"]]
   # Every jaxconv custom call of the step is in a row of its op, with the time its thunk took.
-  assert sum(row["calls"]["jaxconv"] for row in jc_rows) == 3 * resnet_step.num_convs("resnet18") - 1
+  assert sum(row["calls"]["jaxconv"] for row in jc_rows) == 3 * train_step.num_convs("resnet18") - 1
   assert {row["op"] for row in jc_rows} == {"fwd", "dgrad", "wgrad"}
   assert all(row["us"]["jaxconv"] > 0 for row in jc_rows)
   # The stem: one forward and one filter gradient of a 7x7 conv on the 3-channel images, no data gradient.
@@ -90,7 +99,7 @@ def test_quick_run_losses_agree_and_decrease(quick_run):
 
 def test_quick_run_hlo_convolutions(quick_run):
   (r,) = quick_run[0]["results"]
-  n = resnet_step.num_convs("resnet18")
+  n = train_step.num_convs("resnet18")
   assert n == 20
   # jaxconv: a forward, a filter gradient and (except for the stem) a data gradient call per conv, and
   # nothing else convolving. lax: XLA's own convolution ops on the CPU, cuDNN calls on a GPU.
@@ -110,35 +119,42 @@ def test_quick_run_outputs(quick_run):
   for key in ("date", "gpu", "jax", "jaxlib", "jaxconv_build_info", "git_commit", "config"):
     assert key in meta, key
   assert meta["git_commit"] == "abc1234" and meta["gpu"] == jax.devices()[0].device_kind
-  assert meta["config"]["batch"] == 2 and meta["config"]["image"] == 64
+  assert meta["config"]["batch"] == 2 and meta["config"]["image"] is None  # the model's own quick size
+  assert data["results"][0]["input"] == [2, 64, 64, 3] and data["results"][0]["batch"] == 2
   assert meta["config"]["dtype"] == "bfloat16"
   assert data["results"] == json.loads(json.dumps(result["results"]))
   md = (out / "results.md").read_text()
-  assert "| model | backend | ms/step (median) |" in md and "abc1234" in md
-  assert "| resnet18 | jaxconv |" in md and "| resnet18 | lax |" in md
+  assert "| model | backend | input | ms/step (median) |" in md and "abc1234" in md
+  assert "| resnet18 | jaxconv | 2x64x64x3 |" in md and "| resnet18 | lax | 2x64x64x3 |" in md
   assert f"**{data['results'][0]['ratio_lax_over_jaxconv']:.3f}**" in md
 
 
-def test_resnet50_tree_and_lowered_step():
-  """ResNet-50 (v1.5) without compiling: parameter trees, parameter count, and the convolutions of the
-  lowered training step of each backend."""
-  x = jax.ShapeDtypeStruct((2, 64, 64, 3), jnp.bfloat16)
-  y = jax.ShapeDtypeStruct((2,), jnp.int32)
-  tx = resnet_step.make_optimizer(0.01, 1e-4)
-  n = resnet_step.num_convs("resnet50")
-  assert n == 53
+@pytest.mark.parametrize("name, convs", [("resnet50", 53), ("mobilenetv2", 52), ("convnext_t", 22), ("unet3d", 11),
+                                         ("msd", 51)])
+def test_tree_and_lowered_step(name, convs):
+  """ResNet-50 (v1.5), MobileNetV2, ConvNeXt-T, the 3-D UNet and MSD without compiling: parameter trees,
+  parameter count, and the convolutions of the lowered training step of each backend."""
+  spec = models.MODELS[name]
+  x, y = jax.eval_shape(lambda: train_step.make_batch(spec, 2, spec.quick_image, jnp.bfloat16, jax.random.key(0),
+                                                      jax.random.key(1)))
+  tx = train_step.make_optimizer(0.01, 1e-4)
+  n = train_step.num_convs(name)
+  assert n == convs
   trees, n_params, texts = {}, {}, {}
-  for b in resnet_step.BACKENDS:
-    model = resnet_step.make_model("resnet50", b)
-    variables = jax.eval_shape(lambda k, m=model: m.init(k, jnp.zeros((1, 64, 64, 3), jnp.bfloat16),
+  for b in train_step.BACKENDS:
+    model = train_step.make_model(name, b)
+    variables = jax.eval_shape(lambda k, m=model: m.init(k, jnp.zeros((1, *x.shape[1:]), jnp.bfloat16),
                                                           train=False), jax.random.key(0))
     trees[b] = (jax.tree.structure(variables), [(a.shape, a.dtype) for a in jax.tree.leaves(variables)])
     params = variables["params"]
     n_params[b] = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
-    state = (params, variables["batch_stats"], jax.eval_shape(tx.init, params))
-    texts[b] = jax.jit(resnet_step.make_train_step(model, tx)).lower(state, x, y).as_text()
+    state = (params, variables.get("batch_stats", {}), jax.eval_shape(tx.init, params))
+    texts[b] = jax.jit(train_step.make_train_step(model, tx, spec.task)).lower(state, x, y).as_text()
+    # The model's convolutions are its kernels of rank nd + 2 (ConvNeXt's 1x1 layers are dense).
+    assert sum(a.ndim == spec.nd + 2 for a in jax.tree.leaves(params)) == n
   assert trees["jaxconv"] == trees["lax"]
-  assert n_params == {"jaxconv": NUM_PARAMS["resnet50"], "lax": NUM_PARAMS["resnet50"]}
+  assert n_params == {"jaxconv": NUM_PARAMS[name], "lax": NUM_PARAMS[name]}
+  assert ("batch_stats" in variables) == (name not in ("convnext_t", "msd"))
   jc, lx = texts["jaxconv"], texts["lax"]
   assert jc.count("custom_call @jaxconv_fwd") == n and jc.count("custom_call @jaxconv_wgrad") == n
   assert jc.count("custom_call @jaxconv_dgrad") == n - 1  # the images are not differentiated
@@ -146,17 +162,31 @@ def test_resnet50_tree_and_lowered_step():
   assert lx.count("stablehlo.convolution") == 3 * n - 1 and "jaxconv_" not in lx
 
 
+def test_initial_values_follow_flax_defaults():
+  model = train_step.make_model("convnext_t", "lax", jnp.float32)
+  v = train_step.init_variables(model, (1, 64, 64, 3), seed=0)
+  block = v["params"]["ConvNeXtBlock_0"]
+  np.testing.assert_array_equal(np.asarray(block["layer_scale"]), np.full(96, models.LAYER_SCALE_INIT, np.float32))
+  np.testing.assert_array_equal(np.asarray(block["LayerNorm_0"]["scale"]), np.ones(96, np.float32))
+  np.testing.assert_array_equal(np.asarray(block["Dense_0"]["bias"]), np.zeros(384, np.float32))
+  k = np.asarray(block["Dense_0"]["kernel"])  # lecun_normal: std 1 / sqrt(fan_in), truncated at 2 sigma
+  assert k.shape == (96, 384) and np.max(np.abs(k)) * np.sqrt(96) <= 2 / 0.8796 + 1e-6
+  assert 0.9 < np.std(k) * np.sqrt(96) < 1.1
+
+
 def test_check_jaxconv_hlo():
-  n = 3 * resnet_step.num_convs("resnet18") - 1
-  assert resnet_step.check_jaxconv_hlo("resnet18", {"jaxconv_custom_calls": n, "cudnn_convs": 0,
-                                                    "hlo_convolutions": 0}) is True
-  assert resnet_step.check_jaxconv_hlo("resnet18", {"jaxconv_custom_calls": n + 1, "cudnn_convs": 0,
-                                                    "hlo_convolutions": 0}) is False
-  for bad in ({"jaxconv_custom_calls": n, "cudnn_convs": 1, "hlo_convolutions": 0},
-              {"jaxconv_custom_calls": n, "cudnn_convs": 0, "hlo_convolutions": 2},
-              {"jaxconv_custom_calls": 0, "cudnn_convs": 0, "hlo_convolutions": 0}):
-    with pytest.raises(AssertionError, match="does not run all its convolutions on jaxconv"):
-      resnet_step.check_jaxconv_hlo("resnet18", bad)
+  n = 3 * train_step.num_convs("resnet18") - 1
+  assert train_step.check_jaxconv_hlo("resnet18", {"jaxconv_custom_calls": n, "cudnn_convs": 0,
+                                                   "hlo_convolutions": 0}) is True
+  # Convolutions that jaxconv's auto leaves to XLA count towards the total.
+  assert train_step.check_jaxconv_hlo("resnet18", {"jaxconv_custom_calls": n - 3, "cudnn_convs": 3,
+                                                   "hlo_convolutions": 0}) is True
+  for wrong in ({"jaxconv_custom_calls": n + 1, "cudnn_convs": 0, "hlo_convolutions": 0},
+                {"jaxconv_custom_calls": n, "cudnn_convs": 1, "hlo_convolutions": 0},
+                {"jaxconv_custom_calls": n, "cudnn_convs": 0, "hlo_convolutions": 2}):
+    assert train_step.check_jaxconv_hlo("resnet18", wrong) is False
+  with pytest.raises(AssertionError, match="runs none of its convolutions on jaxconv"):
+    train_step.check_jaxconv_hlo("resnet18", {"jaxconv_custom_calls": 0, "cudnn_convs": n, "hlo_convolutions": 0})
 
 
 def test_hlo_counts_on_gpu_style_text():
@@ -172,20 +202,38 @@ def test_hlo_counts_on_gpu_style_text():
   %convolution.3 = f32[2,8,8,4]{3,2,1,0} convolution(f32[2,8,8,3]{3,2,1,0} %x, f32[3,3,3,4]{3,2,1,0} %w)
   %cublas-gemm.1 = bf16[128,1000]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm"
   """
-  assert resnet_step.hlo_counts(hlo) == {"jaxconv_custom_calls": 1, "cudnn_convs": 3, "hlo_convolutions": 1}
+  assert train_step.hlo_counts(hlo) == {"jaxconv_custom_calls": 1, "cudnn_convs": 3, "hlo_convolutions": 1}
 
 
 def test_arguments():
-  args = resnet_step.parse_args(["--quick"])
-  assert (args.batch, args.image, args.models, args.backends) == (2, 64, ["resnet18", "resnet50"],
-                                                                  ["jaxconv", "lax"])
-  assert args.lr == pytest.approx(0.1 * 2 / 256) and (args.loss_rtol, args.loss_rtol_steps) == (0.1, 0.15)
-  args = resnet_step.parse_args(["--models", "resnet50", "--batch", "128", "--dtype", "bfloat16", "--steps", "7"])
-  assert (args.batch, args.image, args.steps, args.budget, args.models) == (128, 224, 7, 60.0, ["resnet50"])
-  assert args.lr == pytest.approx(0.05) and (args.loss_rtol, args.loss_rtol_steps) == (2e-2, 5e-2)
-  for bad in (["--models", "resnet34"], ["--backends", "cudnn"], ["--backends", "lax,lax"], ["--steps", "0"]):
+  args = train_step.parse_args(["--quick"])
+  assert (args.batch, args.image, args.models, args.backends) == (2, None, list(models.MODELS), ["jaxconv", "lax"])
+  assert (args.loss_rtol, args.loss_rtol_steps) == (0.1, 0.15)
+  # Sizes and learning rate per model: the quick batch, each model's quick input side, 0.1 * batch / 256.
+  assert train_step.sizes_for(models.MODELS["resnet18"], args) == (2, 64, pytest.approx(0.1 * 2 / 256))
+  assert train_step.sizes_for(models.MODELS["unet3d"], args)[:2] == (2, 16)
+  args = train_step.parse_args(["--models", "resnet50", "--batch", "128", "--dtype", "bfloat16", "--steps", "7"])
+  assert (args.batch, args.image, args.steps, args.budget, args.models) == (128, None, 7, 60.0, ["resnet50"])
+  assert train_step.sizes_for(models.MODELS["resnet50"], args) == (128, 224, pytest.approx(0.05))
+  assert (args.loss_rtol, args.loss_rtol_steps) == (2e-2, 5e-2)
+  args = train_step.parse_args(["--models", "mobilenetv2,msd", "--lr", "0.01"])
+  assert train_step.sizes_for(models.MODELS["mobilenetv2"], args) == (64, 224, 0.01)
+  assert train_step.sizes_for(models.MODELS["msd"], args) == (4, 512, 0.01)
+  for bad in (["--models", "resnet34"], ["--backends", "cudnn"], ["--backends", "lax,lax"], ["--steps", "0"],
+              ["--batch", "0"]):
     with pytest.raises(SystemExit):
-      resnet_step.parse_args(bad)
+      train_step.parse_args(bad)
+
+
+def test_batches_of_each_task():
+  keys = jax.random.key(0), jax.random.key(1)
+  x, y = train_step.make_batch(models.MODELS["resnet18"], 3, 8, jnp.bfloat16, *keys)
+  assert x.shape == (3, 8, 8, 3) and x.dtype == jnp.bfloat16 and y.shape == (3,) and y.dtype == jnp.int32
+  assert 0 <= int(y.min()) and int(y.max()) < 1000 and float(jnp.std(x.astype(jnp.float32))) > 0.5
+  x, y = train_step.make_batch(models.MODELS["unet3d"], 2, 4, jnp.float32, *keys)
+  assert x.shape == (2, 4, 4, 4, 1) and y.shape == (2, 4, 4, 4) and set(np.unique(y)) <= {0, 1}
+  x, y = train_step.make_batch(models.MODELS["msd"], 2, 6, jnp.float32, *keys)
+  assert x.shape == y.shape == (2, 6, 6, 1) and y.dtype == jnp.float32
 
 
 def test_conv_breakdown_matches_lax_data_gradients_run_as_forward_convolutions():
@@ -202,12 +250,12 @@ def test_conv_breakdown_matches_lax_data_gradients_run_as_forward_convolutions()
       'custom_call_target="__cudnn$convForward"',
       '  %cudnn-conv.3 = (bf16[1,1,64,256]{3,2,1,0}, u8[0]{0}) custom-call(%x, %dy), window={size=1x1}, '
       'custom_call_target="__cudnn$convBackwardFilter"'])
-  lax_convs = resnet_step.conv_instructions(hlo)
+  lax_convs = train_step.conv_instructions(hlo)
   assert {k: v[0] for k, v in lax_convs.items()} == {"cudnn-conv.1": "fwd", "cudnn-conv.2": "fwd",
                                                       "cudnn-conv.3": "wgrad"}
   x, w, y = (8, 14, 14, 64), (1, 1, 64, 256), (8, 14, 14, 256)
   jc_convs = {"f": ("fwd", (x, w, y)), "d": ("dgrad", (y, w, x)), "g": ("wgrad", (x, y, w))}
-  prof = resnet_step.conv_breakdown({
+  prof = train_step.conv_breakdown({
       "jaxconv": (jc_convs, {"f": 10.0, "d": 20.0, "g": 30.0, "other": 5.0}),
       "lax": (lax_convs, {"cudnn-conv.1": 11.0, "cudnn-conv.2": 22.0, "cudnn-conv.3": 33.0})})
   by_op = {r["op"]: r for r in prof["rows"]}

@@ -1,22 +1,22 @@
-"""End-to-end speed: a jitted ResNet training step on jaxconv's convolutions against lax's (issue 7, item 5).
+"""End-to-end speed: a jitted training step of an image classifier on jaxconv's convolutions against lax's.
 
-    python benchmarks/resnet_step.py --models resnet18,resnet50 --batch 128 --dtype bfloat16 --out OUT/resnet
-    python benchmarks/resnet_step.py --quick --out /tmp/resnet   # tiny (batch 2, 64x64), for a CPU
+    python benchmarks/train_step.py --models resnet18,resnet50,mobilenetv2,convnext_t --batch 128 --out OUT/steps
+    python benchmarks/train_step.py --quick --out /tmp/steps   # tiny (batch 2, 64x64), for a CPU
 
 One training step = forward + backward + optimizer (softmax cross-entropy on random labels, SGD with
 momentum 0.9 and weight decay), jitted with the training state donated, on synthetic inputs already on the
-device. The models are standard flax.linen ResNets in NHWC (ResNet-18: BasicBlock [2, 2, 2, 2]; ResNet-50:
-Bottleneck [3, 4, 6, 3] with the stride on the 3x3, "v1.5"), parameters in float32 and compute in --dtype,
-as in Flax's ImageNet example. The two backends differ only in the Conv class:
+device. The models (models.py) are flax.linen ResNet-18, ResNet-50 (v1.5), MobileNetV2 and ConvNeXt-T in NHWC,
+with torchvision's layers and parameter counts, parameters in float32 and compute in --dtype, as in Flax's
+ImageNet example. The two backends differ only in the Conv class:
 `partial(nn.Conv, conv_general_dilated=jaxconv.conv_general_dilated)` against plain `nn.Conv`.
 
 Start-up checks, per model: the parameter trees of the two backends are identical; both backends start from
 the same parameters, and the first step's loss (the forward pass) agrees within --loss-rtol, the losses of
 the first --check-steps steps on the same batch (gradients and update) within --loss-rtol-steps, both
-relative to the first loss; the jaxconv step's compiled HLO has 3 jaxconv custom calls per convolution (2
-for the stem) and no convolution of XLA's own (no cuDNN call, no `convolution` op). A failed loss check is
-recorded and makes the exit status 1, after the timings, as does a different jaxconv call count; different
-parameter trees or any cuDNN or XLA convolution in the jaxconv step stop the run.
+relative to the first loss; the jaxconv step's compiled HLO has 3 convolutions per convolution of the model (2
+for the stem), jaxconv custom calls or, where jaxconv's `auto` leaves a problem to XLA (its floor), XLA's own.
+A failed loss check is recorded and makes the exit status 1, after the timings, as does a different count;
+different parameter trees or a jaxconv step without jaxconv calls stop the run.
 
 Timing: compile, --warmup steps, then --repeats times --steps consecutive steps with one block_until_ready
 at the end, the backends interleaved (jaxconv, lax, jaxconv, lax, ...) so that clock or thermal drift hits
@@ -38,7 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -46,105 +46,25 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-import jaxconv
+from models import CONV_CLASSES, LAYER_SCALE_INIT, MODELS, make_model, num_convs  # noqa: F401
+import models as _models
 
 BACKENDS = ("jaxconv", "lax")
-ModuleDef = Any
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Models (after Flax's ImageNet example). `conv` is the Conv class, the only thing the backends change.
-# ---------------------------------------------------------------------------------------------------------
-def _shortcut(block: nn.Module, x, features: int):
-  """The identity, or a strided 1x1 conv + BN where the block changes the shape."""
-  if block.strides == 1 and x.shape[-1] == features:
-    return x
-  return block.norm(name="proj_bn")(block.conv(features, (1, 1), block.strides, name="proj_conv")(x))
-
-
-class BasicBlock(nn.Module):
-  """ResNet-18/34 block: two 3x3 convs, the first one strided."""
-  filters: int
-  conv: ModuleDef
-  norm: ModuleDef
-  strides: int = 1
-
-  @nn.compact
-  def __call__(self, x):
-    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), self.strides)(x)))
-    y = self.norm()(self.conv(self.filters, (3, 3))(y))
-    return nn.relu(_shortcut(self, x, self.filters) + y)
-
-
-class Bottleneck(nn.Module):
-  """ResNet-50 block, v1.5: 1x1 reduce, strided 3x3, 1x1 expand (x4)."""
-  filters: int
-  conv: ModuleDef
-  norm: ModuleDef
-  strides: int = 1
-
-  @nn.compact
-  def __call__(self, x):
-    y = nn.relu(self.norm()(self.conv(self.filters, (1, 1))(x)))
-    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), self.strides)(y)))
-    y = self.norm()(self.conv(4 * self.filters, (1, 1))(y))
-    return nn.relu(_shortcut(self, x, 4 * self.filters) + y)
-
-
-class ResNet(nn.Module):
-  """7x7/2 stem + 3x3/2 max-pool, four stages (64, 128, 256, 512 filters), global average pool, dense head."""
-  stage_sizes: Sequence[int]
-  block: ModuleDef
-  conv: ModuleDef = nn.Conv
-  num_classes: int = 1000
-  dtype: Any = jnp.bfloat16
-
-  @nn.compact
-  def __call__(self, x, train: bool = True):
-    conv = functools.partial(self.conv, use_bias=False, dtype=self.dtype)
-    norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5,
-                             dtype=self.dtype)
-    x = conv(64, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="stem_conv")(x)
-    x = nn.relu(norm(name="stem_bn")(x))
-    x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
-    for i, n_blocks in enumerate(self.stage_sizes):
-      for j in range(n_blocks):
-        x = self.block(64 * 2 ** i, conv, norm, strides=2 if i > 0 and j == 0 else 1)(x)
-    x = jnp.mean(x, axis=(1, 2))
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="head")(x).astype(jnp.float32)
-
-
-MODELS = {"resnet18": ((2, 2, 2, 2), BasicBlock), "resnet50": ((3, 4, 6, 3), Bottleneck)}
-CONV_CLASSES = {"jaxconv": functools.partial(nn.Conv, conv_general_dilated=jaxconv.conv_general_dilated),
-                "lax": nn.Conv}
-
-
-def make_model(name: str, backend: str, dtype=jnp.bfloat16) -> ResNet:
-  stages, block = MODELS[name]
-  return ResNet(stages, block, conv=CONV_CLASSES[backend], dtype=dtype)
-
-
-def num_convs(name: str) -> int:
-  """Convolutions in the model: stem + convs per block + one projection per stage (the first stage's
-  projection comes from the channel change of the Bottleneck, not from a stride)."""
-  stages, block = MODELS[name]
-  per_block = 2 if block is BasicBlock else 3
-  projections = 3 if block is BasicBlock else 4
-  return 1 + per_block * sum(stages) + projections
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Training step.
 # ---------------------------------------------------------------------------------------------------------
-def init_variables(model: ResNet, image: int, seed: int) -> dict:
+def init_variables(model: nn.Module, input_shape: Sequence[int], seed: int) -> dict:
   """Flax's default initial values for these modules, drawn with numpy: kernels lecun_normal (normal truncated
-  at 2 sigma, variance 1 / fan_in), BatchNorm scales and variances 1, offsets, biases and means 0.
+  at 2 sigma, variance 1 / fan_in), BatchNorm and LayerNorm scales and variances 1, offsets, biases and means 0,
+  ConvNeXt's layer scales LAYER_SCALE_INIT.
 
   Why not model.init: jitted, it spends 7-17 s of XLA:CPU compile time on one truncated normal per kernel
   shape (longer than the whole quick run's training steps), and unjitted about as long in op-by-op dispatch.
   """
   abstract = jax.eval_shape(functools.partial(model.init, train=False), jax.random.key(0),
-                            jax.ShapeDtypeStruct((1, image, image, 3), jnp.float32))
+                            jax.ShapeDtypeStruct((1, *input_shape[1:]), jnp.float32))
   rng = np.random.default_rng(seed)
 
   def draw(path, a):
@@ -159,6 +79,8 @@ def init_variables(model: ResNet, image: int, seed: int) -> dict:
       v = np.ones(a.shape)
     elif name in ("bias", "mean"):
       v = np.zeros(a.shape)
+    elif name == "layer_scale":
+      v = np.full(a.shape, LAYER_SCALE_INIT)
     else:
       raise ValueError(f"no initializer for {jax.tree_util.keystr(path)}")
     return jnp.asarray(v, a.dtype)
@@ -173,14 +95,19 @@ def make_optimizer(lr: float, weight_decay: float) -> optax.GradientTransformati
                      optax.sgd(lr, momentum=0.9))
 
 
-def make_train_step(model: ResNet, tx: optax.GradientTransformation) -> Callable:
-  """step(state, x, y) -> (state, loss), state = (params, batch_stats, opt_state)."""
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, task: str = "classify") -> Callable:
+  """step(state, x, y) -> (state, loss), state = (params, batch_stats, opt_state); batch_stats is {} for a model
+  without BatchNorm. The loss of a task (models.ModelSpec): softmax cross-entropy for "classify" and "segment",
+  the mean squared error for "regress"."""
 
   def loss_fn(params, batch_stats, x, y):
     logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, x, train=True,
                                   mutable=["batch_stats"])
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-    return loss, updates["batch_stats"]
+    if task == "regress":
+      loss = jnp.mean(jnp.square(logits - y))
+    else:
+      loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return loss, updates.get("batch_stats", {})
 
   def step(state, x, y):
     params, batch_stats, opt_state = state
@@ -225,7 +152,7 @@ def conv_instructions(hlo: str) -> dict:
 def profile_steps(compiled, state, x, y, steps: int):
   """Runs `steps` steps under jax.profiler; returns (state, {hlo instruction: µs per step})."""
   from jaxconv.bench import trace
-  d = tempfile.mkdtemp(prefix="resnet_step_trace_")
+  d = tempfile.mkdtemp(prefix="train_step_trace_")
   try:
     with jax.profiler.trace(d):
       for _ in range(steps):
@@ -269,16 +196,17 @@ def conv_breakdown(per_backend: dict) -> dict:
 
 
 def check_jaxconv_hlo(name: str, counts: dict) -> bool:
-  """The point of the comparison: the jaxconv step runs every convolution on jaxconv's kernels.
+  """The point of the comparison: the jaxconv step runs its convolutions through jaxconv.
 
-  Raises AssertionError if the step has a cuDNN call or an XLA convolution op, or no jaxconv call. Returns
-  whether it has the expected jaxconv calls: a forward, a filter gradient and a data gradient per conv, less
-  the stem's data gradient (the images are not differentiated). A different count is reported, not fatal:
-  it would mean that XLA duplicated or dropped calls, not that a convolution ran elsewhere.
+  Raises AssertionError if the step has no jaxconv call. Returns whether it has the expected convolutions: a
+  forward, a filter gradient and a data gradient per conv, less the stem's data gradient (the images are not
+  differentiated), counting those that jaxconv's `auto` leaves to XLA (cuDNN calls on a GPU, XLA convolution ops
+  on a CPU). A different count is reported, not fatal: it would mean that XLA duplicated or dropped calls.
   """
-  if counts["cudnn_convs"] or counts["hlo_convolutions"] or not counts["jaxconv_custom_calls"]:
-    raise AssertionError(f"{name}: the jaxconv step does not run all its convolutions on jaxconv: {counts}")
-  return counts["jaxconv_custom_calls"] == 3 * num_convs(name) - 1
+  if not counts["jaxconv_custom_calls"]:
+    raise AssertionError(f"{name}: the jaxconv step runs none of its convolutions on jaxconv: {counts}")
+  total = counts["jaxconv_custom_calls"] + counts["cudnn_convs"] + counts["hlo_convolutions"]
+  return total == 3 * num_convs(name) - 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -288,15 +216,36 @@ def _tree_signature(tree):
   return jax.tree.structure(tree), [(a.shape, jnp.dtype(a.dtype)) for a in jax.tree.leaves(tree)]
 
 
+def sizes_for(spec: "_models.ModelSpec", args) -> tuple:
+  """(batch, image side, learning rate) of a model: the arguments where given, else the model's defaults."""
+  batch = args.batch or spec.batch
+  image = args.image or (spec.quick_image if args.quick else spec.image)
+  return batch, image, args.lr if args.lr is not None else 0.1 * batch / 256
+
+
+def make_batch(spec: "_models.ModelSpec", batch: int, image: int, dtype, kx, ky):
+  """(inputs, labels or targets) of one step: normal inputs in the compute dtype; integer labels per example
+  ("classify") or per voxel ("segment"), or a normal float32 target image ("regress")."""
+  spatial = (image,) * spec.nd
+  x = jax.random.normal(kx, (batch, *spatial, spec.in_channels), dtype)
+  if spec.task == "classify":
+    y = jax.random.randint(ky, (batch,), 0, spec.classes)
+  elif spec.task == "segment":
+    y = jax.random.randint(ky, (batch, *spatial), 0, spec.classes)
+  else:
+    y = jax.random.normal(ky, (batch, *spatial, 1), jnp.float32)
+  return x, y
+
+
 def run_model(name: str, args, log=print) -> dict:
   dtype = jnp.dtype(args.dtype)
   backends = args.backends
   kx, ky, kp = jax.random.split(jax.random.key(args.seed), 3)  # kp: abstract init only
-  # Random normal images (zeros would let a kernel that skips work look fast), in the compute dtype as an
-  # input pipeline would deliver them; random labels. Both already on the device.
-  x = jax.random.normal(kx, (args.batch, args.image, args.image, 3), dtype)
-  y = jax.random.randint(ky, (args.batch,), 0, 1000)
-  x, y = jax.block_until_ready((x, y))
+  spec = MODELS[name]
+  batch, image, lr = sizes_for(spec, args)
+  # Random normal inputs (zeros would let a kernel that skips work look fast), in the compute dtype as an
+  # input pipeline would deliver them; random labels or targets. Both already on the device.
+  x, y = jax.block_until_ready(make_batch(spec, batch, image, dtype, kx, ky))
   models = {b: make_model(name, b, dtype) for b in backends}
 
   # Parameter trees: abstract init of every backend, compared; one concrete init, so that all backends
@@ -306,27 +255,27 @@ def run_model(name: str, args, log=print) -> dict:
   same_tree = all(s == sigs[backends[0]] for s in sigs.values())
   if not same_tree:
     raise AssertionError(f"{name}: the parameter trees differ between backends: {sigs}")
-  variables = init_variables(models[backends[0]], args.image, args.seed)
+  variables = init_variables(models[backends[0]], x.shape, args.seed)
   assert _tree_signature(variables) == sigs[backends[0]]
-  params, batch_stats = variables["params"], variables["batch_stats"]
+  params, batch_stats = variables["params"], variables.get("batch_stats", {})
   n_params = sum(a.size for a in jax.tree.leaves(params))
-  tx = make_optimizer(args.lr, args.weight_decay)
+  tx = make_optimizer(lr, args.weight_decay)
   state0 = (params, batch_stats, tx.init(params))
 
-  res = {"model": name, "num_params": int(n_params), "num_convs": num_convs(name), "same_param_tree": same_tree,
-         "backends": {}}
+  res = {"model": name, "task": spec.task, "batch": batch, "input": list(x.shape), "lr": lr,
+         "num_params": int(n_params), "num_convs": num_convs(name), "same_param_tree": same_tree, "backends": {}}
   compiled, states = {}, {}
   for b in backends:
     t0 = time.perf_counter()
-    lowered = jax.jit(make_train_step(models[b], tx), donate_argnums=0).lower(state0, x, y)
+    lowered = jax.jit(make_train_step(models[b], tx, spec.task), donate_argnums=0).lower(state0, x, y)
     compiled[b] = lowered.compile()
     counts = hlo_counts(compiled[b].as_text())
     res["backends"][b] = {"compile_s": time.perf_counter() - t0, "hlo": counts}
     if b == "jaxconv":
       res["hlo_count_check"] = check_jaxconv_hlo(name, counts)
       if not res["hlo_count_check"]:
-        log(f"  {name}: WARNING: {counts['jaxconv_custom_calls']} jaxconv calls, expected "
-            f"{3 * num_convs(name) - 1} (3 per convolution, 2 for the stem)")
+        log(f"  {name}: WARNING: {counts} convolutions, expected {3 * num_convs(name) - 1} in all (3 per "
+            "convolution, 2 for the stem)")
     states[b] = jax.tree.map(jnp.copy, state0)  # donated below: one copy each
   del state0, params, batch_stats, variables
 
@@ -387,7 +336,7 @@ def run_model(name: str, args, log=print) -> dict:
     t = times[b]
     res["backends"][b].update(steps=steps[b], repeats=args.repeats, step_times_s=t,
                               median_ms=1e3 * statistics.median(t), min_ms=1e3 * min(t), max_ms=1e3 * max(t),
-                              images_per_s=args.batch / statistics.median(t), final_loss=float(last_loss[b]))
+                              images_per_s=batch / statistics.median(t), final_loss=float(last_loss[b]))
   if "jaxconv" in backends and "lax" in backends:
     tj, tl = times["jaxconv"], times["lax"]
     paired = [l / j for l, j in zip(tl, tj)]  # same repeat, adjacent in time
@@ -427,8 +376,8 @@ def metadata(args, argv) -> dict:
 
 
 def table(results: list[dict]) -> str:
-  rows = ["| model | backend | ms/step (median) | min | max | images/s | lax/jaxconv | compile s | "
-          "jaxconv calls / cuDNN convs / HLO convs |", "|---|---|---|---|---|---|---|---|---|"]
+  rows = ["| model | backend | input | ms/step (median) | min | max | images/s | lax/jaxconv | compile s | "
+          "jaxconv calls / cuDNN convs / HLO convs |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in results:
     for b, v in r["backends"].items():
       ratio = ""
@@ -436,7 +385,7 @@ def table(results: list[dict]) -> str:
         ratio = (f"**{r['ratio_lax_over_jaxconv']:.3f}** [{r['ratio_paired_min']:.3f}, "
                  f"{r['ratio_paired_max']:.3f}]")
       h = v["hlo"]
-      rows.append(f"| {r['model']} | {b} | {v['median_ms']:.2f} | {v['min_ms']:.2f} | {v['max_ms']:.2f} | "
+      rows.append(f"| {r['model']} | {b} | {'x'.join(map(str, r['input']))} | {v['median_ms']:.2f} | {v['min_ms']:.2f} | {v['max_ms']:.2f} | "
                   f"{v['images_per_s']:.0f} | {ratio} | {v['compile_s']:.1f} | "
                   f"{h['jaxconv_custom_calls']} / {h['cudnn_convs']} / {h['hlo_convolutions']} |")
   return "\n".join(rows)
@@ -470,16 +419,17 @@ def profile_table(prof: dict, backends) -> str:
 def markdown(meta: dict, results: list[dict]) -> str:
   c = meta["config"]
   lines = [
-      f"# ResNet training step: jaxconv vs lax ({meta['gpu']})", "",
+      f"# Training step: jaxconv vs lax ({meta['gpu']})", "",
       f"- date (UTC): {meta['date']}",
       f"- device: {meta['gpu']} ({meta['platform']}), jax {meta['jax']}, jaxlib {meta['jaxlib']}",
       f"- jaxconv build: {meta['jaxconv_build_info']}, autotune: {meta['jaxconv_autotune']}",
       f"- commit: {meta.get('git_commit') or '?'}" + (" (dirty)" if meta.get("git_dirty") else ""),
-      f"- batch {c['batch']}, {c['image']}x{c['image']}x3 NHWC, {c['dtype']} compute / float32 params, "
+      f"- inputs (batch, spatial dims, channels) per model in the table, channels-last; {c['dtype']} compute / "
+      "float32 params, "
       f"SGD momentum 0.9, weight decay {c['weight_decay']:g}; {c['warmup']} warm-up steps, then {c['repeats']} "
       f"repeats of {c['steps']} steps" + (f" (fewer where --budget {c['budget']:g}s caps them)" if c["budget"]
                                            else "") + ", one block_until_ready per repeat, backends interleaved",
-      f"- command: `python benchmarks/resnet_step.py {' '.join(meta['argv'])}`", "",
+      f"- command: `python benchmarks/train_step.py {' '.join(meta['argv'])}`", "",
       "Time per step: median [min, max] over repeats. lax/jaxconv = lax median / jaxconv median (> 1: jaxconv "
       "faster; target >= 1), in brackets the range of the per-repeat ratios. The HLO column counts the "
       "convolutions of each compiled step: jaxconv custom calls / cuDNN convolutions / XLA convolution ops.", "",
@@ -523,11 +473,12 @@ def write_outputs(out: str, meta: dict, results: list[dict]) -> None:
 # BatchNorm, 3 initialisations): the bf16 loss of either backend is off the float32 loss by up to 7% at
 # batch 2, 3% at batch 8, 1% at batch 32, falling with the batch (BatchNorm statistics over more values);
 # in float32 the backends' losses agree within 1e-6 (ResNet-18). jaxconv's bf16 convs round correctly.
-FULL = dict(batch=128, image=224, steps=20, warmup=5, repeats=5, check_steps=3, budget=60.0, loss_rtol=2e-2,
+# batch and image: None takes each model's own (models.ModelSpec).
+FULL = dict(batch=None, image=None, steps=20, warmup=5, repeats=5, check_steps=3, budget=60.0, loss_rtol=2e-2,
             loss_rtol_steps=5e-2)
 # 64x64, not 32x32: at 32x32 the last stage is 1x1, and a training-mode BatchNorm over 2 values maps
 # rounding-level differences to +-1 (float32 logits of the two backends then differ by O(1)).
-QUICK = dict(batch=2, image=64, steps=3, warmup=1, repeats=2, check_steps=3, budget=0.0, loss_rtol=0.1,
+QUICK = dict(batch=2, image=None, steps=3, warmup=1, repeats=2, check_steps=3, budget=0.0, loss_rtol=0.1,
              loss_rtol_steps=0.15)
 
 
@@ -535,11 +486,13 @@ def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   csv = lambda s: [v for v in s.split(",") if v]
-  p.add_argument("--models", type=csv, default=list(MODELS), help="comma-separated: resnet18,resnet50")
+  p.add_argument("--models", type=csv, default=list(MODELS), help=f"comma-separated, of {','.join(MODELS)}")
   p.add_argument("--backends", type=csv, default=list(BACKENDS), help="comma-separated: jaxconv,lax")
   p.add_argument("--quick", action="store_true", help=f"tiny run for a CPU: defaults {QUICK}")
-  p.add_argument("--batch", type=int, help=f"default {FULL['batch']}")
-  p.add_argument("--image", type=int, help=f"image height and width, default {FULL['image']}")
+  p.add_argument("--batch", type=int, help="default: the model's (ResNets 128, MobileNetV2 64, ConvNeXt-T 32, "
+                 "3-D UNet 2, MSD 4); --quick 2")
+  p.add_argument("--image", type=int, help="input side, every spatial dim: default the model's (classifiers 224, "
+                 "3-D UNet 64, MSD 512); --quick 64 (3-D UNet 16)")
   p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                  help="compute dtype (params stay float32)")
   p.add_argument("--steps", type=int, help=f"timed steps per repeat, default {FULL['steps']}")
@@ -548,7 +501,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--check-steps", type=int, help="steps whose losses are compared across backends, default 3")
   p.add_argument("--budget", type=float, help="max timed seconds per backend and model (0: no cap), default "
                  f"{FULL['budget']:g}")
-  p.add_argument("--lr", type=float, help="default 0.1 * batch / 256 (Flax's ImageNet example)")
+  p.add_argument("--lr", type=float, help="default 0.1 * batch / 256 (Flax's ImageNet example), per model")
   p.add_argument("--weight-decay", type=float, default=1e-4)
   p.add_argument("--loss-rtol", type=float, help="max difference of the first step's loss between backends, "
                  f"relative to it; default {FULL['loss_rtol']:g}, quick {QUICK['loss_rtol']:g}")
@@ -558,15 +511,13 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--profile-steps", type=int, default=0,
                  help="after the timing, trace this many steps per backend with jax.profiler and tabulate the "
                  "device time of each convolution (0: off)")
-  p.add_argument("--out", default="resnet_step_results", help="folder for results.json and results.md")
+  p.add_argument("--out", default="train_step_results", help="folder for results.json and results.md")
   p.add_argument("--commit", default=os.environ.get("JAXCONV_COMMIT"),
                  help="commit to record (default: env JAXCONV_COMMIT, else git)")
   args = p.parse_args(argv)
   for k, v in (QUICK if args.quick else FULL).items():
     if getattr(args, k) is None:
       setattr(args, k, v)
-  if args.lr is None:
-    args.lr = 0.1 * args.batch / 256
   for m in args.models:
     if m not in MODELS:
       p.error(f"unknown model {m!r}: choose from {', '.join(MODELS)}")
@@ -575,7 +526,8 @@ def parse_args(argv=None) -> argparse.Namespace:
       p.error(f"unknown backend {b!r}: choose from {', '.join(BACKENDS)}")
   if not args.backends or len(set(args.backends)) != len(args.backends):
     p.error(f"--backends must name distinct backends, got {args.backends}")
-  if min(args.batch, args.image, args.steps, args.repeats) < 1 or args.warmup < 0 or args.check_steps < 1:
+  if (min(v for v in (args.batch, args.image, args.steps, args.repeats) if v is not None) < 1 or args.warmup < 0
+      or args.check_steps < 1):
     p.error("batch, image, steps, repeats, check-steps must be >= 1 and warmup >= 0")
   return args
 
@@ -585,8 +537,8 @@ def main(argv=None) -> dict:
   argv = sys.argv[1:] if argv is None else list(argv)
   args = parse_args(argv)
   meta = metadata(args, argv)
-  print(f"ResNet training step on {meta['gpu']} ({meta['platform']}), jax {meta['jax']}, batch {args.batch}, "
-        f"{args.image}x{args.image}, {args.dtype}, backends {', '.join(args.backends)}", flush=True)
+  print(f"Training step on {meta['gpu']} ({meta['platform']}), jax {meta['jax']}, batch {args.batch or 'per model'}, "
+        f"image {args.image or 'per model'}, {args.dtype}, backends {', '.join(args.backends)}", flush=True)
   results = []
   for name in args.models:
     results.append(run_model(name, args, log=functools.partial(print, flush=True)))
