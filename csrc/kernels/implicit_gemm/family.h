@@ -84,7 +84,8 @@ inline bool PreferSm90(const IgemmProblem& pr, Op op) {
 }
 
 // Whether either conv kernel set (Hopper or mma.sync, whatever the device) takes the padded problem: the condition
-// under which the staged conv route was entered at all, which the flipped, phased and swapped variants keep.
+// under which the staged conv route was entered at all, which the swapped filter gradient keeps (the flipped and
+// phased data gradients check only the Hopper forwards they run, so they also take 3-D problems).
 inline bool StagedKernelExists(const ConvParams& p, Op op, DType in) {
   const IgemmProblem pr = ToProblem(p, in);
   const IgemmMath math = MathFor(p, in);
