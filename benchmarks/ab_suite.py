@@ -10,14 +10,19 @@ nothing of jaxconv but conv_general_dilated and the stream timer). Alternate the
     python benchmarks/ab_suite.py compare a1.json b1.json a2.json b2.json [--limit 1.03]
 
 A pass times every (case, dtype, op) of the suite with the sweep's method (jaxconv/bench/sweep_timing.py: device
-time between in-stream marks, median of rounds). `compare` pairs the passes in order (A1 with B1, A2 with B2, ...),
-takes each measurement's median B/A time ratio over the pairs, and A's spread (A1 against A2, and A's rounds within
-a pass) as its noise; it lists the measurements slower than --limit beyond that noise and exits 1 when there are any.
+time between in-stream marks, median of rounds). Where that is under --kernel-time-under microseconds per op, the
+pass also records the device busy time of the program's kernels under jax.profiler (median of 5 calls): marks
+around a few microseconds of work also time the gaps between launches, which vary from process to process.
+`compare` pairs the passes in order (A1 with B1, A2 with B2, ...), takes each measurement's median B/A time ratio
+over the pairs (of the kernel times where every pass has them, else of the marked spans), and A's spread (A1
+against A2, and A's rounds within a pass) as its noise; it lists the measurements slower than --limit beyond that
+noise and exits 1 when there are any.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -55,6 +60,8 @@ def _run(args) -> int:
           samples = m["impls"]["jaxconv"].get("samples_s") or []
           rec["spread"] = max(samples) / min(samples) - 1.0 if samples and min(samples) > 0 else None
           rec["error"] = "" if rec.get("jaxconv") else _timing.failure_of(m)
+          if rec.get("jaxconv") and rec["jaxconv"] * 1e6 < args.kernel_time_under:
+            rec["kernel"] = kernel_time(progs[("jaxconv", dt, op)], sets[dt])
           out["measurements"][f"{case.name}|{dt}|{op}"] = rec
     finally:
       _timing.release(progs)
@@ -64,22 +71,33 @@ def _run(args) -> int:
   return 0
 
 
+def kernel_time(prog, sets):
+  """Seconds per op of the device busy time of a compiled pass program's kernels (jax.profiler), or None."""
+  from jaxconv.bench.trace import profile_device_time
+  module = re.search(r"HloModule ([\w.\-]+)", prog.compiled.as_text()).group(1)
+  prof = profile_device_time(lambda s: prog.compiled(s), (sets,), module, ncalls=5)
+  return prof["median_run_us"] * 1e-6 / len(sets) if prof.get("ok") and prof["median_run_us"] > 0 else None
+
+
 def compare(passes, limit):
-  """(rows, noise): rows = [(key, median B/A ratio over pairs, A's spread)], worst first. A's spread is the larger of
-  the A/A spread across passes and the spread of A's rounds within a pass."""
+  """(rows, noise): rows = [(key, median B/A ratio over pairs, A's spread, timed by kernels)], worst first. A's
+  spread is the larger of the A/A spread across passes and the spread of A's rounds within a pass (marked spans
+  only: a kernel time is one median)."""
   a, b = passes[0::2], passes[1::2]
   keys = sorted(set.intersection(*(set(p["measurements"]) for p in passes)))
   rows, spreads = [], []
   for k in keys:
-    ta = [p["measurements"][k].get("jaxconv") for p in a]
-    tb = [p["measurements"][k].get("jaxconv") for p in b]
+    by_kernels = all(p["measurements"][k].get("kernel") for p in passes)
+    field = "kernel" if by_kernels else "jaxconv"
+    ta = [p["measurements"][k].get(field) for p in a]
+    tb = [p["measurements"][k].get(field) for p in b]
     if any(t is None or t <= 0 for t in ta + tb):
       continue
     ratio = statistics.median(y / x for x, y in zip(ta, tb))
-    within = [p["measurements"][k].get("spread") or 0.0 for p in a]
+    within = [0.0 if by_kernels else p["measurements"][k].get("spread") or 0.0 for p in a]
     spread = max(max(ta) / min(ta) - 1.0, statistics.median(within))
     spreads.append(spread)
-    rows.append((k, ratio, spread))
+    rows.append((k, ratio, spread, by_kernels))
   rows.sort(key=lambda r: -r[1])
   noise = statistics.median(spreads) if spreads else 0.0
   return rows, noise
@@ -94,14 +112,15 @@ def _compare(args) -> int:
     raise SystemExit("compare: give the passes as A B [A B ...]")
   rows, noise = compare(passes, args.limit)
   slower = [r for r in rows if r[1] > args.limit * (1.0 + r[2])]
+  kernels = sum(r[3] for r in rows)
   failed = sorted(k for p in passes for k, m in p["measurements"].items() if m.get("error"))
-  print(f"{len(rows)} measurements, {len(passes) // 2} A/B pairs; median A spread {noise * 100:.1f}%; "
-        f"{len(failed)} failed {failed[:5]}")
+  print(f"{len(rows)} measurements ({kernels} by kernel time), {len(passes) // 2} A/B pairs; median A spread "
+        f"{noise * 100:.1f}%; {len(failed)} failed {failed[:5]}")
   print(f"B/A time ratio: median {statistics.median(r[1] for r in rows):.3f}, "
         f"max {rows[0][1]:.3f} ({rows[0][0]}), min {rows[-1][1]:.3f} ({rows[-1][0]})")
   print(f"slower than {args.limit:.2f}x beyond their own A/A spread: {len(slower)}")
-  for k, r, s in slower[:40]:
-    print(f"  {r:.3f}  (A/A spread {s * 100:.1f}%)  {k}")
+  for k, r, s, by_kernels in slower[:40]:
+    print(f"  {r:.3f}  (A/A spread {s * 100:.1f}%{', kernel time' if by_kernels else ''})  {k}")
   return 1 if slower else 0
 
 
@@ -118,6 +137,9 @@ def main(argv=None) -> int:
   r.add_argument("--repeats", type=int, default=5)
   r.add_argument("--lax", action="store_true", help="also time lax (for a baseline)")
   r.add_argument("--threads", type=int, default=8, help="threads compiling jaxconv's programs")
+  r.add_argument("--kernel-time-under", type=float, default=20.0, metavar="US",
+                 help="also record the kernels' device busy time (jax.profiler) of measurements under this many "
+                 "microseconds per op (default 20; 0: never)")
   c = sub.add_parser("compare", help="compare passes given as A B [A B ...]")
   c.add_argument("passes", nargs="+")
   c.add_argument("--limit", type=float, default=1.03)
