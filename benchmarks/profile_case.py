@@ -16,7 +16,6 @@ that cannot run a case is reported and skipped.
 """
 
 import argparse
-import functools
 import zlib
 
 import jax
@@ -28,9 +27,7 @@ from jaxconv.bench.trace import profile_device_time
 def _conv(impl, algorithm):
   if impl == "lax" or algorithm == "auto":
     return harness._impl_fn(impl)
-  from jaxconv import api
-  return functools.partial(api._conv, bias=None, activation=None, preferred_element_type=None,
-                           algorithm=algorithm, fn="profile_case")
+  return harness._impl_fn(f"jaxconv:{algorithm}")
 
 
 def _short(kernel_name):
