@@ -1,13 +1,15 @@
-"""End-to-end speed: a jitted training step of an image classifier on jaxconv's convolutions against lax's.
+"""End-to-end speed: a jitted training step of a whole model on jaxconv's convolutions against lax's.
 
-    python benchmarks/train_step.py --models resnet18,resnet50,mobilenetv2,convnext_t --batch 128 --out OUT/steps
-    python benchmarks/train_step.py --quick --out /tmp/steps   # tiny (batch 2, 64x64), for a CPU
+    python benchmarks/train_step.py --models resnet18,resnet50 --batch 128 --out OUT/steps
+    python benchmarks/train_step.py --models msd --dtype float32 --out OUT/msd
+    python benchmarks/train_step.py --quick --out /tmp/steps   # all models, tiny (batch 2), for a CPU
 
-One training step = forward + backward + optimizer (softmax cross-entropy on random labels, SGD with
+One training step = forward + backward + optimizer (the task's loss on random labels or targets, SGD with
 momentum 0.9 and weight decay), jitted with the training state donated, on synthetic inputs already on the
-device. The models (models.py) are flax.linen ResNet-18, ResNet-50 (v1.5), MobileNetV2 and ConvNeXt-T in NHWC,
-with torchvision's layers and parameter counts, parameters in float32 and compute in --dtype, as in Flax's
-ImageNet example. The two backends differ only in the Conv class:
+device. The models (models.py, in flax.linen, channels-last) are ResNet-18, ResNet-50 (v1.5), MobileNetV2 and
+ConvNeXt-T with torchvision's layers and parameter counts (classification), a 3-D UNet (segmentation) and the
+depth-50 Mixed-Scale Dense network (regression), parameters in float32 and compute in --dtype, as in Flax's
+ImageNet example; batch and input size default per model. The two backends differ only in the Conv class:
 `partial(nn.Conv, conv_general_dilated=jaxconv.conv_general_dilated)` against plain `nn.Conv`.
 
 Start-up checks, per model: the parameter trees of the two backends are identical; both backends start from
@@ -46,8 +48,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-from models import CONV_CLASSES, LAYER_SCALE_INIT, MODELS, make_model, num_convs  # noqa: F401
-import models as _models
+from models import LAYER_SCALE_INIT, MODELS, ModelSpec, make_model, num_convs
 
 BACKENDS = ("jaxconv", "lax")
 
@@ -216,14 +217,14 @@ def _tree_signature(tree):
   return jax.tree.structure(tree), [(a.shape, jnp.dtype(a.dtype)) for a in jax.tree.leaves(tree)]
 
 
-def sizes_for(spec: "_models.ModelSpec", args) -> tuple:
+def sizes_for(spec: ModelSpec, args) -> tuple:
   """(batch, image side, learning rate) of a model: the arguments where given, else the model's defaults."""
   batch = args.batch or spec.batch
   image = args.image or (spec.quick_image if args.quick else spec.image)
   return batch, image, args.lr if args.lr is not None else 0.1 * batch / 256
 
 
-def make_batch(spec: "_models.ModelSpec", batch: int, image: int, dtype, kx, ky):
+def make_batch(spec: ModelSpec, batch: int, image: int, dtype, kx, ky):
   """(inputs, labels or targets) of one step: normal inputs in the compute dtype; integer labels per example
   ("classify") or per voxel ("segment"), or a normal float32 target image ("regress")."""
   spatial = (image,) * spec.nd
