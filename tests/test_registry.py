@@ -167,6 +167,15 @@ AUTO_TABLE = [
     ("ConvNeXt depthwise 7x7", ((4, 28, 28, 96), (7, 7, 1, 96), (1, 1), "SAME",
                                 dict(feature_group_count=96, dimension_numbers=NHWC)), "bfloat16",
      {"fwd": "depthwise.mma", "dgrad": "depthwise.mma", "wgrad": "depthwise.mma"}, None),
+    # 3-D float32 (TF32): the forward and the data gradient on the Hopper forward kernels (the data gradient with
+    # the flipped filter), the filter gradient left to XLA; the mma.sync kernels take no 3-D problem.
+    ("C3D 3x3x3 64 -> 64", ((2, 8, 16, 16, 64), (3, 3, 3, 64, 64), (1, 1, 1), "SAME",
+                            dict(dimension_numbers=NDHWC)), "float32",
+     {"fwd": "implicit_gemm.sm90", "dgrad": "implicit_gemm.flipped_dgrad_sm90", "wgrad": "xla.conv"},
+     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"}),
+    ("3-D stride 2, 256 -> 96", ((2, 8, 16, 16, 256), (3, 3, 3, 256, 96), (2, 2, 2), ((1, 1), (1, 1), (1, 1)),
+                                 dict(dimension_numbers=NDHWC)), "bfloat16",
+     {"dgrad": "implicit_gemm.phased_dgrad_sm90"}, {"dgrad": "xla.conv"}),
     ("ResNeXt grouped 3x3", ((4, 28, 28, 256), (3, 3, 8, 256), (1, 1), "SAME",
                              dict(feature_group_count=32, dimension_numbers=NHWC)), "bfloat16",
      {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"}, None),
