@@ -4,7 +4,7 @@
 # is printed last.
 #
 #   bash benchmarks/gpu_run.sh                 # everything but ab
-#   bash benchmarks/gpu_run.sh tests sanitize  # a subset of: build tests sanitize bench baseline ab
+#   bash benchmarks/gpu_run.sh tests sanitize  # a subset of: build tests sanitize bench baseline ab models
 #
 # ab: an A/B of this tree against the source tree in ab/old (another commit, e.g. `git archive REV | tar -x -C
 # ab/old`), both built here (the old one beside this one's build step), this tree's benchmark package used for
@@ -13,6 +13,10 @@
 # AB_ARGS: extra ab_suite.py run arguments), then benchmarks/ab_suite.py compare prints the slowest measurements.
 # AB_BUILD=1 builds ab/old in the build step even when ab is not among the steps (for a later call on the same
 # machine).
+#
+# models: whole-model training steps, jaxconv against lax (benchmarks/train_step.py, each model at its own batch
+# and input size): MODELS (default resnet18,resnet50,mobilenetv2,convnext_t,unet3d) in MODELS_DTYPE (default
+# bfloat16), and MSD in float32 when MSD=1 (the default); MODELS_ARGS: extra train_step.py arguments.
 #
 # Wheels in .whl/ (carried: the nvidia-cutlass headers) are installed first.
 # Environment: JAXCONV_CUDA_ARCHS (default 90a), JAXCONV_FUZZ_CASES (default 300 per dtype),
@@ -159,6 +163,20 @@ if [[ " $steps " == *" ab "* ]] && [ -d ab/old ]; then
   rc=$?
   row ab "$([ $rc = 0 ] && echo ok || echo SLOWER)" "($(( $(date +%s) - t0 )) s) $(sed -n 3p "$OUT/ab_compare.txt")"
   head -30 "$OUT/ab_compare.txt"
+fi
+
+if [[ " $steps " == *" models "* ]]; then
+  t0=$(date +%s)
+  rc=0
+  $PY benchmarks/train_step.py --models "${MODELS:-resnet18,resnet50,mobilenetv2,convnext_t,unet3d}" \
+    --dtype "${MODELS_DTYPE:-bfloat16}" --out "$OUT/models" --commit "${JAXCONV_COMMIT:-unknown}" ${MODELS_ARGS:-} \
+    > "$OUT/models.log" 2>&1 || rc=1
+  if [ "${MSD:-1}" = 1 ]; then
+    $PY benchmarks/train_step.py --models msd --dtype float32 --out "$OUT/models_msd" \
+      --commit "${JAXCONV_COMMIT:-unknown}" ${MODELS_ARGS:-} >> "$OUT/models.log" 2>&1 || rc=1
+  fi
+  row models "$([ $rc = 0 ] && echo ok || echo FAILED)" "($(( $(date +%s) - t0 )) s) see models/, models_msd/"
+  grep -E "^\| |lax/jaxconv .* target" "$OUT/models.log" | head -40
 fi
 
 echo
