@@ -1,9 +1,9 @@
 """benchmarks/train_step.py and models.py: the training-step benchmark, on the CPU.
 
-ResNet-18 runs the whole script (both backends, checks, timing, outputs) in-process; ResNet-50, MobileNetV2 and
-ConvNeXt-T are checked as lowered StableHLO only (ResNet-50's CPU compile alone takes ~20 s on two cores), which
-still covers each model definition, parameter tree and count, and that every one of its convolutions goes to
-jaxconv.
+ResNet-18 runs the whole script (both backends, checks, timing, outputs) in-process; ResNet-50, MobileNetV2,
+ConvNeXt-T, the 3-D UNet and MSD are checked as lowered StableHLO only (ResNet-50's CPU compile alone takes ~20 s
+on two cores), which still covers each model definition, parameter tree and count, and that every one of its
+convolutions goes to jaxconv.
 """
 
 from __future__ import annotations
