@@ -17,6 +17,10 @@ import numpy as np
 
 import jaxconv
 
+# The tests' helpers: the variant catalogue and the channels-last lax arguments of the references.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import conv_utils as cu  # noqa: E402
+
 jaxconv.set_debug_poison(True)
 CPU = jax.devices("cpu")[0]
 GPU = jax.devices()[0]
@@ -121,13 +125,6 @@ CASES = [
 ]
 
 
-def _channels_last_dn(nsp):
-  """lax's dimension numbers of jaxconv's channels-last layout (the references run lax on it)."""
-  nd = nsp + 2
-  return jax.lax.ConvDimensionNumbers((0, nd - 1, *range(1, nd - 1)), (nd - 1, nd - 2, *range(nd - 2)),
-                                      (0, nd - 1, *range(1, nd - 1)))
-
-
 def run_case(name, nsp, xshape, window, k, groups, stride, dilation, padding, algorithm, dtype,
              precision="highest"):
   c = xshape[-1]
@@ -145,9 +142,8 @@ def run_case(name, nsp, xshape, window, k, groups, stride, dilation, padding, al
                 activation="gelu", algorithm=algorithm, precision=precision)
 
   def ref(x, w, b):  # lax on the CPU, float32 HIGHEST
-    y = jax.lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation,
-                                     dimension_numbers=_channels_last_dn(nsp), feature_group_count=groups,
-                                     precision="highest")
+    y = jax.lax.conv_general_dilated(x, w, **cu.channels_last_lax_kw(nsp, stride, padding, dilation),
+                                     feature_group_count=groups, precision="highest")
     return jax.nn.gelu(y + b, approximate=True)
 
   def both(fn):
@@ -184,8 +180,8 @@ def run_integer_case(name, conv, nsp, xshape, wshape, groups, stride, dilation, 
   kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
   got = jax.jit(lambda a, b: conv(a, b, algorithm=algorithm, **kw))(jax.device_put(x, GPU), jax.device_put(w, GPU))
   with jax.default_device(CPU):  # XLA:CPU's integer semantics (wraparound)
-    want = jax.lax.conv_general_dilated(jax.device_put(x, CPU), jax.device_put(w, CPU), stride, padding,
-                                        rhs_dilation=dilation, dimension_numbers=_channels_last_dn(nsp),
+    want = jax.lax.conv_general_dilated(jax.device_put(x, CPU), jax.device_put(w, CPU),
+                                        **cu.channels_last_lax_kw(nsp, stride, padding, dilation),
                                         feature_group_count=groups)
   ok = np.array_equal(np.asarray(got), np.asarray(want))
   print(f"{'ok ' if ok else 'BAD'} {name:24s} {np.dtype(dtype).name:8s} exact {ok}", flush=True)
@@ -194,7 +190,6 @@ def run_integer_case(name, conv, nsp, xshape, wshape, groups, stride, dilation, 
 
 def catalogue_cases():
   """(case tuple as above, dtype) of every variant catalogue case, its variant forced, float64 run as float32."""
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
   import variant_cases
   out = []
   for name, cases in variant_cases.CATALOGUE.items():
