@@ -45,12 +45,16 @@ def _shortcut(block: nn.Module, x, features: int):
   return block.norm(name="proj_bn")(block.conv(features, (1, 1), block.strides, name="proj_conv")(x))
 
 
-class BasicBlock(nn.Module):
-  """ResNet-18/34 block: two 3x3 convs, the first one strided."""
+class _ResNetBlock(nn.Module):
+  """The fields of both ResNet blocks: filters, the Conv and BatchNorm partials, the stride of the block."""
   filters: int
   conv: ModuleDef
   norm: ModuleDef
   strides: int = 1
+
+
+class BasicBlock(_ResNetBlock):
+  """ResNet-18/34 block: two 3x3 convs, the first one strided."""
 
   @nn.compact
   def __call__(self, x):
@@ -59,12 +63,8 @@ class BasicBlock(nn.Module):
     return nn.relu(_shortcut(self, x, self.filters) + y)
 
 
-class Bottleneck(nn.Module):
+class Bottleneck(_ResNetBlock):
   """ResNet-50 block, v1.5: 1x1 reduce, strided 3x3, 1x1 expand (x4)."""
-  filters: int
-  conv: ModuleDef
-  norm: ModuleDef
-  strides: int = 1
 
   @nn.compact
   def __call__(self, x):
