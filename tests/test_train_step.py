@@ -156,9 +156,14 @@ def test_tree_and_lowered_step(name, convs):
   assert n_params == {"jaxconv": NUM_PARAMS[name], "lax": NUM_PARAMS[name]}
   assert ("batch_stats" in variables) == (name not in ("convnext_t", "msd"))
   jc, lx = texts["jaxconv"], texts["lax"]
-  assert jc.count("custom_call @jaxconv_fwd") == n and jc.count("custom_call @jaxconv_wgrad") == n
-  assert jc.count("custom_call @jaxconv_dgrad") == n - 1  # the images are not differentiated
-  assert "stablehlo.convolution" not in jc
+  # A forward, a filter gradient and a data gradient per conv, less the stem's data gradient (the images are
+  # not differentiated). On a GPU, `auto` leaves some problems to XLA at trace time (they lower to
+  # stablehlo.convolution); on the CPU jaxconv takes every one.
+  calls = {op: jc.count(f"custom_call @jaxconv_{op}") for op in ("fwd", "dgrad", "wgrad")}
+  assert sum(calls.values()) > 0 and calls["fwd"] <= n and calls["wgrad"] <= n and calls["dgrad"] <= n - 1
+  assert sum(calls.values()) + jc.count("stablehlo.convolution") == 3 * n - 1
+  if jax.default_backend() == "cpu":
+    assert calls == {"fwd": n, "dgrad": n - 1, "wgrad": n}
   assert lx.count("stablehlo.convolution") == 3 * n - 1 and "jaxconv_" not in lx
 
 
