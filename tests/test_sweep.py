@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -188,6 +189,37 @@ def test_a_tiny_sweep_runs_end_to_end_on_the_cpu(tmp_path):
                           check=True).stdout
   worst = min((m["ratio"], c["config"]["spec"]) for c in res["cases"] for m in c["measurements"])
   assert worst[1] in listed
+
+
+def test_programs_with_xla_convolutions_compile_after_lax_on_its_thread(monkeypatch):
+  """XLA's convolutions autotune on the device: lax's and any other side's that hold some compile one after
+  another on one thread, lax's first; host-only programs compile on the other thread."""
+  events = []
+  real = sweep_timing._Program.compile
+
+  def compile_and_record(self, options):
+    events.append((self.impl, self.dtype, self.op, threading.current_thread().name))
+    return real(self, options)
+
+  real_impl = sweep_timing._impl_fn
+  # A side whose program holds XLA's convolution, as auto's floor lowers on a GPU (on the CPU jaxconv's requests
+  # all run its CPU kernels).
+  floor_like = lambda name: real_impl("lax" if name == "floor" else name)
+  monkeypatch.setattr(sweep_timing._Program, "compile", compile_and_record)
+  monkeypatch.setattr(sweep_timing, "_impl_fn", floor_like)
+  case = sweep.draw_case(5, 0, "tiny")
+  impls = ("lax", "jaxconv", "floor")
+  progs = sweep_timing.compile_case(case, ("bfloat16", "float32"), ("fwd",), 1, impls=impls)
+  try:
+    assert all(p.error is None and p.compiled is not None for p in progs.values())
+    assert sorted(e[:3] for e in events) == sorted(progs)
+    lax_thread = {t for i, _, _, t in events if i == "lax"}
+    assert len(lax_thread) == 1
+    on_it = [i for i, _, _, t in events if t in lax_thread]
+    assert on_it == ["lax", "lax", "floor", "floor"]
+    assert all(t not in lax_thread for i, _, _, t in events if i == "jaxconv")
+  finally:
+    sweep_timing.release(progs)
 
 
 def test_a_failing_side_is_reported_not_dropped(tmp_path, monkeypatch, capsys):

@@ -3,9 +3,11 @@
 For one case, every (dtype, op, implementation) is one jitted function applying the op to `nsets` distinct input
 sets (random normal data, never zeros; all outputs returned) between the stream timer's marks (stream_timer.py:
 CUDA events on XLA's stream on the GPU, a host clock on the CPU), so the host's dispatch stays outside the span.
-All of a case's functions are lowered first, then compiled on two threads: lax's one after another (cuDNN's
-autotuning runs on the GPU and must not share it), jaxconv's beside them (its compilation is host-only), after the
-host's part of making the inputs.
+All of a case's functions are lowered first, then compiled on two threads. One compiles lax's one after another
+(cuDNN's autotuning runs on the GPU and must not share it), then those of the other sides that hold XLA
+convolutions (problems auto leaves to XLA): they autotune on the GPU too, so no two autotunings share it, and a
+convolution that matches one of lax's finds lax's choice in XLA's in-process autotuning cache. The other thread
+makes the host's part of the inputs, then compiles the rest (host-only compilation).
 Timing: one warm-up call per implementation, then `repeats` rounds alternating lax and jaxconv (lax first in even
 rounds); time per op = the median over rounds of span / nsets; the spread is the range of the per-round ratios.
 No slope fit (harness.py's T-slope) is needed: the marks already exclude the dispatch, and the span's fixed part
@@ -115,8 +117,8 @@ def compile_case(case, dtypes, ops, nsets, impls=("lax", "jaxconv"), compiler_op
                  host_work=None, threads=1):
     """{(impl, dtype, op): _Program} for one case, compiled as the module docstring says. A side that fails to
     lower or compile carries its error. host_work (a callable: work that launches nothing on the device, such as
-    InputSets.prepare) runs on the thread beside lax's, before the other compilations, which run on `threads`
-    threads (they need no GPU)."""
+    InputSets.prepare) runs on the thread beside lax's, before the host-only compilations, which run on `threads`
+    threads (compile_queues)."""
     import jax
     compiler_options = compiler_options or {}
     progs = {}
@@ -135,16 +137,16 @@ def compile_case(case, dtypes, ops, nsets, impls=("lax", "jaxconv"), compiler_op
                     p.error = f"lower: {type(e).__name__}: {str(e)[:400]}"
                 progs[(impl, dt, op)] = p
 
-    def compile_all(names, first=None, workers=1):
+    gpu, host = compile_queues(progs)
+
+    def compile_all(todo, first=None, workers=1):
         if first is not None:
             first()
-        todo = [p for (i, _, _), p in progs.items() if i in names and p.error is None]
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as inner:
             list(inner.map(lambda p: p.compile(compiler_options.get(p.impl)), todo))
 
-    others = [i for i in impls if i != "lax"]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = [pool.submit(compile_all, ["lax"]), pool.submit(compile_all, others, host_work, threads)]
+        jobs = [pool.submit(compile_all, gpu), pool.submit(compile_all, host, host_work, threads)]
         try:
             for f in jobs:
                 f.result()
@@ -152,6 +154,15 @@ def compile_case(case, dtypes, ops, nsets, impls=("lax", "jaxconv"), compiler_op
             release(progs)
             raise
     return progs
+
+
+def compile_queues(progs) -> tuple:
+    """(the programs compiled one after another: lax's, then the others' that hold XLA convolutions; the rest).
+    The first list's compilations autotune XLA's convolutions on the device; the second's need only the host."""
+    live = [p for p in progs.values() if p.error is None]
+    gpu = [p for p in live if p.impl == "lax"]
+    gpu += [p for p in live if p.impl != "lax" and "stablehlo.convolution" in p.lowered.as_text()]
+    return gpu, [p for p in live if all(p is not q for q in gpu)]
 
 
 def release(progs):
