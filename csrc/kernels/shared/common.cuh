@@ -214,6 +214,17 @@ __device__ __forceinline__ void WithActivation(int act, F&& f) {
     default: f(IntC<kActNone>{});
   }
 }
+// WithActivation where a kernel instance can have an activation; f(IntC<kActNone>{}) alone in instances that run only
+// data gradients (the handlers refuse an activation on them), so those carry one copy of their body, not four.
+template <bool kCanActivate, class F>
+__device__ __forceinline__ void WithActivationIf(int act, F&& f) {
+  if constexpr (kCanActivate) {
+    WithActivation(act, static_cast<F&&>(f));
+  } else {
+    (void)act;
+    f(IntC<kActNone>{});
+  }
+}
 inline unsigned GridX(int64_t tiles) {  // grid-stride loops cover the rest
   const int64_t cap = 1 << 30;
   return static_cast<unsigned>(tiles < 1 ? 1 : (tiles > cap ? cap : tiles));

@@ -141,8 +141,8 @@ __global__ void __launch_bounds__(kWarps * 32) PlaneFwdKernel(const PlaneArgs g,
 #pragma unroll
     for (int c = 0; c < kVec; ++c) acc[j][c] = 0.f;
   // The activation as a template argument: inlined per output, Activate's switch made this short kernel's code
-  // (fetched cold by every SM) several times longer.
-  WithActivation(g.act, [&](auto act_c) {
+  // (fetched cold by every SM) several times longer. The data gradient (FLIP) has none.
+  WithActivationIf<!FLIP>(g.act, [&](auto act_c) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float own[kVec], e[kVec + 2 * kMaxHalo];
