@@ -81,7 +81,7 @@ if [[ " $steps " == *" tests "* ]]; then
   $PY -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-8}")
   # TESTS_TIMEOUT (seconds, default none): stop the suite in time for the steps after it.
   XLA_PYTHON_CLIENT_PREALLOCATE=false JAXCONV_FUZZ_CASES=${JAXCONV_FUZZ_CASES:-300} \
-    timeout "${TESTS_TIMEOUT:-0}" $PY -m pytest -q -rs -p no:cacheprovider "${workers[@]}" ${PYTEST_FILES:-tests} \
+    timeout "${TESTS_TIMEOUT:-0}" $PY -m pytest -q -rfEs -p no:cacheprovider "${workers[@]}" ${PYTEST_FILES:-tests} \
       --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
   rc=$?
   row tests "$([ $rc = 0 ] && echo ok || echo FAILED)" "$(tail -1 "$OUT/tests.log") ($(( $(date +%s) - t0 )) s)"
