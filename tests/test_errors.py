@@ -265,9 +265,8 @@ def test_convnd_algorithm_unknown():
     ("depthwise", (2, 6, 6, 4), (3, 3, 4, 4), {}, "groups == c == k"),         # dense
     ("small", (2, 6, 6, 32), (3, 3, 32, 4), {}, "c <= 16"),                    # too many input channels
     ("small", (2, 6, 6, 4), (3, 3, 1, 4), dict(groups=4), "no groups"),       # grouped
-    ("implicit_gemm", (2, 6, 6, 8), (3, 3, 8, 67), {}, "k a multiple of 4"),   # unaligned output channels
     ("implicit_gemm", (2, 6, 6, 8), (3, 3, 1, 8), dict(groups=8), "groups"),  # grouped
-    ("implicit_gemm_sm80", (2, 6, 6, 8), (3, 3, 8, 67), {}, "k a multiple of 4"),
+    ("implicit_gemm_sm80", (2, 6, 6, 8), (3, 3, 1, 8), dict(groups=8), "groups"),
 ])
 def test_forced_algorithm_that_does_not_apply_fails_at_trace_time(algorithm, x_shape, w_shape, kw, missing):
   """A forced algorithm is checked against its variants' predicates (the registry's code) when the function is traced,
@@ -286,6 +285,8 @@ def test_forced_algorithm_that_does_not_apply_fails_at_trace_time(algorithm, x_s
     ("implicit_gemm", (2, 6, 6, 8), (3, 3, 8, 16), {}),
     ("implicit_gemm_sm80", (2, 9, 12), (3, 12, 4), {}),
     ("implicit_gemm", (2, 9, 9, 3), (3, 3, 3, 8), {}),  # c is zero-padded to the alignment
+    ("implicit_gemm", (2, 6, 6, 8), (3, 3, 8, 67), {}),  # k too (the padded-k variants)
+    ("implicit_gemm_sm80", (2, 6, 6, 8), (3, 3, 8, 67), {}),
 ])
 def test_forced_algorithm_that_applies_runs(algorithm, x_shape, w_shape, kw):
   """The trace-time check accepts problems the family supports (and the result is lax's)."""

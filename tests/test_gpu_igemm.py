@@ -2,8 +2,8 @@
 the mma.sync ones; "implicit_gemm_sm80": the mma.sync kernels only), csrc/kernels/implicit_gemm/: fwd, data and
 filter gradients against a float64 reference on fresh random
 data, at channel counts on, over and under the kernels' tiles (8 .. 264), input channels off the alignment
-(67 and 1x1 windows: zero-padded; 1, 2, 3, 7 with a window: the unrolled-window route), odd and prime spatial
-sizes,
+(67 and 1x1 windows: zero-padded; 1, 2, 3, 7 with a window: the unrolled-window route), output channels off it
+(45: zero-padded by the padded-k variants), odd and prime spatial sizes,
 asymmetric padding, strides 1 and 2 (strided data gradients with c >= 64 run on the Hopper as one forward per
 phase; the others on mma.sync), dilation, 1-D, 2-D and 3-D, every path's dtype (bf16, f16, f32 as TF32 at DEFAULT,
 3xTF32 at HIGHEST).
@@ -234,6 +234,28 @@ def test_igemm_gemm_bias_activation(name, act, math, rng):
     y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, activation=act,
                                   algorithm="implicit_gemm", precision=precision))(x, w, b)
     y = np.asarray(y)
+  ref = cu.activation_ref(
+      cu.ref_conv(np.asarray(x), np.asarray(w),
+                  **cu.channels_last_lax_kw(2, stride, padding, (1, 1))) + cu.f64(np.asarray(b)), act)
+  cu.assert_close(y, ref, tol, f"act={act} {math}")
+
+
+@pytest.mark.parametrize("act", [None, "relu", "silu"])
+@pytest.mark.parametrize("variant,math", [("padded_k_sm90", "bf16"), ("padded_k_sm90", "tf32"),
+                                          ("padded_k_sm80", "f16"), ("padded_k_sm80", "3xtf32")])
+def test_igemm_padded_k_bias_activation(variant, math, act, rng):
+  """The fused epilogue with output channels off the alignment (k = 45: padded to 48): the bias padded with the
+  filter's rows, y cropped from the padded result, the padding channels' values (act(0)) never in it."""
+  dtype, precision, tol = MATHS[math]
+  shape, win, stride, padding, k = (2, 13, 11, 24), (3, 3), (2, 1), ((1, 2), (0, 1)), 45
+  with cu.gpu_context(dtype):
+    x = cu.to_gpu(cu.randn(rng, shape, dtype))
+    w = cu.to_gpu(cu.randn(rng, (*win, shape[-1], k), dtype))
+    b = cu.to_gpu(cu.randn(rng, (k,), dtype))
+    y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, activation=act,
+                                  algorithm=f"implicit_gemm.{variant}", precision=precision))(x, w, b)
+    y = np.asarray(y)
+  assert y.shape[-1] == k
   ref = cu.activation_ref(
       cu.ref_conv(np.asarray(x), np.asarray(w),
                   **cu.channels_last_lax_kw(2, stride, padding, (1, 1))) + cu.f64(np.asarray(b)), act)

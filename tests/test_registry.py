@@ -184,7 +184,41 @@ AUTO_TABLE = [
      {"fwd": "xla.conv"}, None),
     ("float64", ((2, 16, 16, 32), (3, 3, 32, 32), (1, 1), "SAME", dict(dimension_numbers=NHWC)), "float64",
      {"fwd": "xla.conv"}, None),
+    # k off the alignment: XLA's floor comes before the padded-k variants.
+    ("odd k 64 -> 131", ((4, 28, 28, 64), (3, 3, 64, 131), (1, 1), "SAME", dict(dimension_numbers=NHWC)), "bfloat16",
+     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"},
+     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"}),
 ]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("dtype,k,kp", [("bfloat16", 131, 136), ("bfloat16", 3, 8), ("float32", 45, 48)])
+def test_odd_k_runs_padded_when_the_family_is_forced(dtype, k, kp):
+  """algorithm="implicit_gemm" on output channels off the alignment: the padded-k variants (Hopper kernels where they
+  take the padded problem, else mma.sync), with a workspace that holds y or dy at the padded k; the unpadded ones say
+  why not. An aligned k is not theirs."""
+  x, w = jax.ShapeDtypeStruct((2, 14, 15, 64), dtype), jax.ShapeDtypeStruct((3, 3, 64, k), dtype)
+  with cu.enable_x64():
+    probs = jaxconv.algorithms.problems(x, w, (1, 1), "SAME", dimension_numbers=NHWC)
+  hopper = {"fwd": "implicit_gemm.padded_k_sm90", "dgrad": "implicit_gemm.padded_k_sm90",
+            "wgrad": "implicit_gemm.padded_k_sm90"}
+  if dtype == "float32":  # the Hopper kernels take TF32 forwards only
+    hopper.update(dgrad="implicit_gemm.padded_k_sm80", wgrad="implicit_gemm.padded_k_sm80")
+  for dev, expect in ((HOPPER, hopper), (AMPERE, dict.fromkeys(hopper, "implicit_gemm.padded_k_sm80"))):
+    for op, name in expect.items():
+      p = probs[op]
+      got = registry.resolve(op, p.spec.replace(algorithm="implicit_gemm").ffi_params(*p.nck), p.dtype,
+                             p.out_dtype, dev)
+      assert got.name == name, (dev, op, got)
+      out_elems = 2 * 14 * 15 * kp  # y (fwd) or dy (dgrad, wgrad) at the padded k
+      assert got.workspace_bytes >= out_elems * np.dtype(dtype).itemsize, (op, got)
+      why = dict((n, r) for n, r, _ in registry.explain(op, p.params, p.dtype, p.out_dtype, dev))
+      assert f"multiple of {16 // np.dtype(dtype).itemsize}" in why["implicit_gemm.sm80"], why
+  aligned = jax.ShapeDtypeStruct((3, 3, 64, 136), dtype)
+  with cu.enable_x64():
+    p = jaxconv.algorithms.problems(x, aligned, (1, 1), "SAME", dimension_numbers=NHWC)["fwd"]
+  why = dict((n, r) for n, r, _ in registry.explain("fwd", p.params, p.dtype, p.out_dtype, HOPPER))
+  assert "the unpadded variants take the problem" in why["implicit_gemm.padded_k_sm90"], why
 
 
 @pytest.mark.kernels

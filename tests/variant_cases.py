@@ -79,6 +79,18 @@ CATALOGUE = {
         Case((2, 13, 11, 24), (3, 3, 24, 32)),
         Case((2, 13, 11, 16), (3, 3, 16, 32), dtype="bfloat16", stride=2),
     ],
+    # k off the alignment (bf16: a multiple of 8; float32: of 4), zero-padded: on the Hopper kernels the bf16 ops
+    # (the data gradient at unit stride) and the TF32 forward; on the mma.sync kernels the strided bf16 data gradient
+    # and 3xTF32.
+    "implicit_gemm.padded_k_sm90": [
+        Case((2, 14, 15, 64), (3, 3, 64, 131), dtype="bfloat16"),
+        Case((2, 13, 11, 24), (5, 3, 24, 45), ops=(FWD,), stride=2, precision="default"),
+        Case((2, 5, 6, 7, 16), (3, 3, 3, 16, 21), dtype="bfloat16", ops=(FWD, WGRAD)),
+    ],
+    "implicit_gemm.padded_k_sm80": [
+        Case((2, 15, 13, 40), (3, 3, 40, 3), dtype="bfloat16", stride=2),
+        Case((2, 13, 11, 24), (3, 3, 24, 45)),
+    ],
     # ---- few channels ----
     "small.plane_stencil": [
         Case((1, 67, 64, 1), (3, 3, 1, 1)),

@@ -67,6 +67,13 @@ inline int64_t ImplicitGemmPaddedC(const ConvParams& p, DType in) {
   return (p.c[0] + a - 1) / a * a;
 }
 
+// Output channels as the padded-k variants' kernels see them: k rounded up to the alignment (their staging zero-pads
+// the filter and dy, and crops y). Equal to k wherever the family's gate below holds.
+inline int64_t ImplicitGemmPaddedK(const ConvParams& p, DType in) {
+  const int64_t a = ImplicitGemmAlign(in);
+  return (p.k[0] + a - 1) / a * a;
+}
+
 // Tensor cores (implicit GEMM): channels-last, groups == batch_groups == 1, no lhs dilation, padding >= 0, 16-bit or
 // f32 operands with the result in the operand type, k a multiple of 8 (16-bit) or 4 (f32) so every output row is
 // 16-byte aligned (c is zero-padded to that multiple), 32-bit GEMM extents.

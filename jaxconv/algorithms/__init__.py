@@ -28,7 +28,7 @@ _FAMILY_DESCRIPTIONS = {
     "depthwise": "depthwise convolutions: groups == c == k (channel multiplier 1)",
     "long1d": "long 1-D windows with few channels (c, k <= 8), unit stride and dilations",
     "small": "few channels (c <= 16, k <= 64), channels-last, no groups: first layers, 1-channel images",
-    "implicit_gemm": "tensor cores (CUTLASS implicit GEMM): channels-last, no groups, aligned output channels",
+    "implicit_gemm": "tensor cores (CUTLASS implicit GEMM): channels-last, no groups",
     "implicit_gemm_sm80": "implicit_gemm's mma.sync (sm_80) kernels only, also on Hopper",
     "xla": "XLA's own convolution (cuDNN on the GPU): auto's floor where no jaxconv kernel runs the problem",
     "integer": "integer and bool operands (forward; lax has no integer gradients), int8 on tensor cores",

@@ -1,6 +1,6 @@
-// The implicit_gemm family's shared host rules (plain C++, no kernels): the problem its conv kernels see (input
-// channels zero-padded to 16 bytes), the staged workspace of the conv variants, which of the two kernel sets auto
-// prefers, and the hooks by which the chunked first-layer variant runs the family's GEMM variants on its 1x1 problem.
+// The implicit_gemm family's shared host rules (plain C++, no kernels): the problem its conv kernels see (channels
+// zero-padded to 16 bytes), the staged workspace of the conv variants, which of the two kernel sets auto prefers, and
+// the hooks by which the chunked first-layer and the padded-k variants run the family's GEMM variants.
 //
 // jaxconv's channels-last filter is (T, R, S, C, K) (K innermost, as Flax and lax's HWIO); the conv kernels want
 // KTRSC (C innermost, the GEMM's reduction dimension contiguous). So fwd and dgrad first transpose the filter into
@@ -29,12 +29,13 @@ inline size_t InBytes(DType in) { return in == DType::kF32 ? 4 : 2; }
 // The family gate of every variant: what the tensor-core kernels are written for (dispatch/rules.h).
 inline std::string FamilyError(const Problem& pr) { return ImplicitGemmError(pr.p, pr.in, pr.out); }
 
-// The problem the conv kernels see: input channels padded to the alignment (ImplicitGemmPaddedC).
+// The problem the conv kernels see: channels padded to the alignment (ImplicitGemmPaddedC; ImplicitGemmPaddedK, which
+// changes k only for the padded-k variants, whose gate is the family's on the padded problem).
 inline IgemmProblem ToProblem(const ConvParams& p, DType in) {
   IgemmProblem pr;
   pr.n = p.n[0];
   pr.c = ImplicitGemmPaddedC(p, in);
-  pr.k = p.k[0];
+  pr.k = ImplicitGemmPaddedK(p, in);
   for (int d = 0; d < 3; ++d) {
     pr.in[d] = p.in[d];
     pr.win[d] = p.win[d];
@@ -48,18 +49,23 @@ inline IgemmProblem ToProblem(const ConvParams& p, DType in) {
 }
 
 // The conv variants' staging: [filter: fwd/dgrad the KTRSC filter, wgrad the f32 KTRSC gradient (both with the
-// padded c)][padded activations, when c is not aligned: fwd/wgrad x, dgrad dx], then the kernel's own workspace.
+// padded c and k)][padded activations, when c is not aligned: fwd/wgrad x, dgrad dx][when k is not aligned: fwd y,
+// dgrad/wgrad dy with the padded k][fwd's bias padded to k, when k is not aligned], then the kernel's own workspace.
 struct Staging {
-  size_t filter = 0, act = 0;
-  size_t bytes() const { return filter + act; }
+  size_t filter = 0, act = 0, out = 0, bias = 0;
+  size_t bytes() const { return filter + act + out + bias; }
 };
 
 inline Staging StagingOf(const ConvParams& p, Op op, DType in) {
-  const int64_t cp = ImplicitGemmPaddedC(p, in);
-  const size_t wp = static_cast<size_t>(p.k[0] * SpatialCount(p.win) * cp);
+  const int64_t cp = ImplicitGemmPaddedC(p, in), kp = ImplicitGemmPaddedK(p, in);
+  const size_t wp = static_cast<size_t>(kp * SpatialCount(p.win) * cp);
   Staging st;
   st.filter = AlignUp(wp * (op == Op::kWgrad ? 4 : InBytes(in)));
   if (cp != p.c[0]) st.act = AlignUp(static_cast<size_t>(p.n[0] * SpatialCount(p.in) * cp) * InBytes(in));
+  if (kp != p.k[0]) {
+    st.out = AlignUp(static_cast<size_t>(p.n[0] * SpatialCount(p.out) * kp) * InBytes(in));
+    if (op == Op::kFwd && p.has_bias[0]) st.bias = AlignUp(static_cast<size_t>(kp) * InBytes(in));
+  }
   return st;
 }
 
@@ -124,8 +130,10 @@ inline bool PhaseFiltersFit(const ConvParams& p, int64_t row_bytes) {
 }  // namespace cuda::igemm
 
 // The GEMM variants of the family as the chunked first-layer variant (im2col_chunked.cu) runs them on its 1x1
-// problem. PlanError: the variant's Applies without the family gate, which today's recursive call on that problem
-// never checked (its filter gradient has a float32 result for 16-bit operands). Workspace and Launch: the registry's.
+// problem, and as the padded-k variants (padded_k.cu) run the staged ones. PlanError: the variant's Applies without
+// the family gate, which today's recursive call on that problem never checked (its filter gradient has a float32
+// result for 16-bit operands), and which the padded-k variants check on the problem with k padded. Workspace and
+// Launch: the registry's.
 #define JAXCONV_IGEMM_INNER(id)                                       \
   namespace variants::id {                                            \
   std::string PlanError(const Problem&);                              \

@@ -262,17 +262,24 @@ cudaError_t RunStaged(const Problem& pr, const Buffers& b, ConvKernelRun run, cu
   if (b.ws == nullptr || b.ws_bytes < st.bytes()) return cudaErrorInvalidValue;
   char* filter = static_cast<char*>(b.ws);
   char* act = filter + st.filter;  // padded x (fwd, wgrad) or dx (dgrad) when c is not aligned
-  const bool padded = ip.c != p.c[0];
-  const int64_t pixels = p.n[0] * SpatialCount(p.in);
+  char* out = act + st.act;        // y (fwd) or dy (dgrad, wgrad) with the padded k, when k is not aligned
+  char* bias = out + st.out;       // fwd's bias padded to k, when k is not aligned and there is a bias
+  const bool padded = ip.c != p.c[0], padded_k = ip.k != p.k[0];
+  const bool has_bias = op == Op::kFwd && p.has_bias[0] && b.bias != nullptr;
+  const int64_t pixels = p.n[0] * SpatialCount(p.in), out_pixels = p.n[0] * SpatialCount(p.out);
   IgemmArgs args;
   args.workspace = filter + st.bytes();
   args.workspace_bytes = b.ws_bytes - st.bytes();
   args.out_type = IgemmOut::kSame;
-  args.a = op != Op::kDgrad && padded ? static_cast<const void*>(act) : b.a;  // x is fwd's and wgrad's first operand
-  args.b = op == Op::kWgrad ? b.b : filter;
-  args.out = op == Op::kWgrad ? static_cast<void*>(filter) : op == Op::kDgrad && padded ? act : b.out;
+  // x is fwd's and wgrad's first operand, dy dgrad's first and wgrad's second.
+  args.a = op != Op::kDgrad && padded ? static_cast<const void*>(act) : op == Op::kDgrad && padded_k ? out : b.a;
+  args.b = op == Op::kWgrad ? (padded_k ? static_cast<const void*>(out) : b.b) : filter;
+  args.out = op == Op::kWgrad                 ? static_cast<void*>(filter)
+             : op == Op::kDgrad && padded     ? act
+             : op == Op::kFwd && padded_k     ? out
+                                              : b.out;
   if (op == Op::kFwd) {  // both kernel sets fuse y = act(acc + bias) into the fprop epilogue
-    args.bias = b.bias;
+    args.bias = has_bias && padded_k ? bias : b.bias;
     args.act = p.activation[0];
   }
   // The kernels' 16-byte accesses to the caller's buffers they read or write directly.
@@ -283,13 +290,26 @@ cudaError_t RunStaged(const Problem& pr, const Buffers& b, ConvKernelRun run, cu
   if (op != Op::kDgrad && padded) {
     if ((e = CopyChannels(in, b.a, act, pixels, p.c[0], ip.c, p.c[0], s)) != cudaSuccess) return e;
   }
-  if (op == Op::kWgrad) {
+  if (op != Op::kFwd && padded_k) {  // dy's padding channels zeroed: they meet the padding rows of the filter
+    const void* dy = op == Op::kDgrad ? b.a : b.b;
+    if ((e = CopyChannels(in, dy, out, out_pixels, p.k[0], ip.k, p.k[0], s)) != cudaSuccess) return e;
+  }
+  if (op == Op::kWgrad) {  // the f32 gradient's rows past k (the padding channels of dy) are not read back
     if ((e = run(ip, op, math, args, s)) != cudaSuccess) return e;
     return GradFromKtrsc(p, pr.out, ip.c, filter, b.out, s);
   }
+  if (padded_k) {
+    // FilterToKtrsc writes rows 0..k-1; the padding rows must be zeros (not whatever the workspace held, which could
+    // be NaN and poison dx through 0 * NaN).
+    const size_t row = static_cast<size_t>(SpatialCount(p.win) * ip.c) * InBytes(in);
+    if ((e = cudaMemsetAsync(filter + row * p.k[0], 0, row * (ip.k - p.k[0]), s)) != cudaSuccess) return e;
+    if (has_bias && (e = CopyChannels(in, b.bias, bias, 1, p.k[0], ip.k, p.k[0], s)) != cudaSuccess) return e;
+  }
   if ((e = FilterToKtrsc(p, in, ip.c, b.b, filter, s)) != cudaSuccess) return e;
-  if ((e = run(ip, op, math, args, s)) != cudaSuccess || !(op == Op::kDgrad && padded)) return e;
-  return CopyChannels(in, act, b.out, pixels, ip.c, p.c[0], p.c[0], s);  // drop dx's padding channels
+  if ((e = run(ip, op, math, args, s)) != cudaSuccess) return e;
+  if (op == Op::kFwd && padded_k) return CopyChannels(in, out, b.out, out_pixels, ip.k, p.k[0], p.k[0], s);
+  if (op == Op::kDgrad && padded) return CopyChannels(in, act, b.out, pixels, ip.c, p.c[0], p.c[0], s);
+  return e;
 }
 
 }  // namespace cuda::igemm

@@ -50,7 +50,8 @@ cudaError_t LaunchPhaseFilters(const ConvParams& p, const PhaseFilters& f, int p
 using ConvKernelRun = cudaError_t (*)(const IgemmProblem&, Op, IgemmMath, const IgemmArgs&, cudaStream_t);
 
 // The op on a conv kernel set with its staging (family.h's StagingOf, then the kernel's own workspace): x padded to
-// the aligned channel count, the filter to KTRSC, the kernels, then dx cropped or dw transposed back. The caller
+// the aligned channel count, the filter to KTRSC, the kernels, then dx cropped or dw transposed back. Where k is not
+// aligned (the padded-k variants), also dy and the bias padded to the aligned k and y cropped from it. The caller
 // checked that the workspace holds the staging and the kernel's bytes.
 cudaError_t RunStaged(const Problem& pr, const Buffers& b, ConvKernelRun run, cudaStream_t s);
 
