@@ -255,7 +255,6 @@ def test_igemm_padded_k_bias_activation(variant, math, act, rng):
     y = jax.jit(functools.partial(jaxconv.conv2d, stride=stride, padding=padding, activation=act,
                                   algorithm=f"implicit_gemm.{variant}", precision=precision))(x, w, b)
     y = np.asarray(y)
-  assert y.shape[-1] == k
   ref = cu.activation_ref(
       cu.ref_conv(np.asarray(x), np.asarray(w),
                   **cu.channels_last_lax_kw(2, stride, padding, (1, 1))) + cu.f64(np.asarray(b)), act)
