@@ -1,0 +1,61 @@
+"""benchmarks/floor_ab.py: which problems it takes (auto's XLA floor, the variant applicable), and its report.
+The registry's answers come from the CUDA build's predicates on the host (a default Hopper without a GPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import jax
+import pytest
+
+from jaxconv import registry
+from jaxconv.algorithms import problems
+from jaxconv.bench import cases, harness
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import floor_ab  # noqa: E402
+
+PADDED = ("implicit_gemm.padded_k_sm90", "implicit_gemm.padded_k_sm80")
+
+
+@pytest.mark.kernels
+def test_it_takes_the_floors_problems_that_a_variant_applies_to():
+  todo = floor_ab.select(PADDED, [5], 40, ["float32", "bfloat16"], "tiny")
+  assert len({t[0] for t in todo}) >= 3  # several cases of the draw have k off the alignment
+  assert {t[4] for t in todo} == set(PADDED)
+  for tag, case, dt, op, variant in todo:
+    jdt = cases.dtype_info(dt)[0]
+    xs, ws, _ = case.shapes()
+    pr = problems(jax.ShapeDtypeStruct(xs, jdt), jax.ShapeDtypeStruct(ws, jdt), **harness.conv_kwargs(case, dt))[op]
+    assert registry.resolve(op, pr.params, pr.dtype, pr.out_dtype).name == "xla.conv"
+    why = {n: r for n, r, _ in registry.explain(op, pr.params, pr.dtype, pr.out_dtype)}
+    # The first variant that applies is the one taken: the mma.sync one only where the Hopper one does not apply.
+    assert why[variant] == "" and (variant == PADDED[0] or why[PADDED[0]]), (tag, dt, op, variant, why[PADDED[0]])
+
+
+@pytest.mark.kernels
+def test_a_run_reports_every_measurement_and_its_summary(tmp_path, capsys):
+  out = tmp_path / "floor.json"
+  assert floor_ab.main(["--variant", PADDED[0], "--seeds", "5", "--cases-per-seed", "40", "--dtypes", "bfloat16",
+                        "--scale", "tiny", "--budget", "3", "--out", str(out)]) == 0
+  data = json.loads(out.read_text())
+  rows = data["rows"]
+  assert rows and data["selected"] >= len(rows) and data["scale"] == "tiny"
+  for r in rows:
+    assert r["variant"] == PADDED[0] and r["dtype"] == "bfloat16" and not r["errors"]
+    assert r["ratio"] == pytest.approx(r["us"]["lax"] / r["us"][f"jaxconv:{PADDED[0]}"])
+  ratios = [r["ratio"] for r in rows]
+  s = data["summary"][PADDED[0]]
+  assert s["n"] == len(ratios) and s["min"] == pytest.approx(min(ratios))
+  assert s["geomean"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
+  assert f"{PADDED[0]}: {len(ratios)} measured" in capsys.readouterr().out
+
+
+def test_an_unknown_variant_is_refused_by_name(capsys):
+  with pytest.raises(SystemExit):
+    floor_ab.main(["--variant", "implicit_gemm.winograd"])
+  assert "unknown variant(s) ['implicit_gemm.winograd']" in capsys.readouterr().err
+  assert "implicit_gemm.padded_k_sm90" in registry.variant_names()
