@@ -10,44 +10,46 @@ does), shuffles them (seeded), and times lax, jaxconv (auto) and the variant wit
     python benchmarks/floor_ab.py --variant implicit_gemm.padded_k_sm90 --variant implicit_gemm.padded_k_sm80 \\
         --seeds 100,101,102 --budget 300 --out floor_ab.json
 
-It prints a line per measurement and a summary of lax/variant per variant (count, min, median, geometric mean, the
-share at least 1), and writes every measurement as JSON. Use seeds the sweep's targets are not judged on.
+It prints a line per measurement and a summary of lax/variant per variant (the sweep's statistics: min, p10,
+median, geometric mean, how many at least 1), and writes every measurement as JSON. Use seeds the sweep's targets are not judged on.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
-import statistics
 import sys
 import time
 
-XLA_FLOOR = "xla.conv"  # the variant that lowers to XLA's own convolution
+
+def case_problems(case, dtype) -> dict:
+  """{op: jaxconv.algorithms.Problem} of a bench case at a suite dtype name, as its lowering sees them."""
+  import jax
+
+  from jaxconv.algorithms import problems
+  from jaxconv.bench import cases as _cases
+  from jaxconv.bench import harness
+  jdt = _cases.dtype_info(dtype)[0]
+  xs, ws, _ = case.shapes()
+  return problems(jax.ShapeDtypeStruct(xs, jdt), jax.ShapeDtypeStruct(ws, jdt), **harness.conv_kwargs(case, dtype))
 
 
 def select(variants, seeds, per_seed, dtypes, scale, dev=None):
   """[(tag, case, dtype, op, variant)] of the draws whose auto choice is xla.conv and that a variant applies to."""
-  import jax
-
   from jaxconv import registry
-  from jaxconv.algorithms import problems
-  from jaxconv.bench import cases as _cases
-  from jaxconv.bench import harness, sweep
+  from jaxconv.bench import sweep
+  from jaxconv.primitives.lowering import XLA_VARIANT
   out = []
   for seed in seeds:
     for i in range(per_seed):
       case = sweep.draw_case(seed, i, scale)
-      xs, ws, _ = case.shapes()
       for dt in dtypes:
-        jdt = _cases.dtype_info(dt)[0]
         try:
-          probs = problems(jax.ShapeDtypeStruct(xs, jdt), jax.ShapeDtypeStruct(ws, jdt),
-                           **harness.conv_kwargs(case, dt))
+          probs = case_problems(case, dt)
         except (TypeError, ValueError):  # a dtype the case cannot take (the sweep skips these too)
           continue
         for op, pr in probs.items():
-          if registry.resolve(op, pr.params, pr.dtype, pr.out_dtype, dev).name != XLA_FLOOR:
+          if registry.resolve(op, pr.params, pr.dtype, pr.out_dtype, dev).name != XLA_VARIANT:
             continue
           applies = {n for n, why, _ in registry.explain(op, pr.params, pr.dtype, pr.out_dtype, dev) if not why}
           first = next((v for v in variants if v in applies), None)
@@ -86,14 +88,13 @@ def measure(todo, budget_s, log=print):
 
 
 def summarize(rows) -> dict:
-  """{variant: {n, min, median, geomean, at_least_1}} of lax/variant over the rows with a ratio."""
+  """{variant: the sweep's ratio_summary of lax/variant} over the rows with a ratio."""
+  from jaxconv.bench.stats import ratio_summary
   out = {}
   for variant in sorted({r["variant"] for r in rows}):
     v = [r["ratio"] for r in rows if r["variant"] == variant and r["ratio"]]
     if v:
-      out[variant] = dict(n=len(v), min=min(v), median=statistics.median(v),
-                          geomean=math.exp(sum(math.log(x) for x in v) / len(v)),
-                          at_least_1=sum(x >= 1 for x in v) / len(v))
+      out[variant] = ratio_summary(v)
   return out
 
 
@@ -126,8 +127,8 @@ def main(argv=None) -> int:
   rows = measure(todo, args.budget, log=lambda s: print(s, flush=True))
   summary = summarize(rows)
   for variant, s in summary.items():
-    print(f"{variant}: {s['n']} measured, lax/variant min {s['min']:.3f} median {s['median']:.3f} "
-          f"geomean {s['geomean']:.3f}, {s['at_least_1']:.0%} at least 1")
+    print(f"{variant}: {s['n']} measured, lax/variant min {s['min']:.3f} p10 {s['p10']:.3f} median "
+          f"{s['median']:.3f} geomean {s['geomean']:.3f}, {s['at_least_1']} of {s['n']} at least 1")
   if args.out:
     with open(args.out, "w") as f:
       json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, seeds=seeds, scale=scale,

@@ -8,12 +8,9 @@ import math
 import os
 import sys
 
-import jax
 import pytest
 
 from jaxconv import registry
-from jaxconv.algorithms import problems
-from jaxconv.bench import cases, harness
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import floor_ab  # noqa: E402
@@ -27,9 +24,7 @@ def test_it_takes_the_floors_problems_that_a_variant_applies_to():
   assert len({t[0] for t in todo}) >= 3  # several cases of the draw have k off the alignment
   assert {t[4] for t in todo} == set(PADDED)
   for tag, case, dt, op, variant in todo:
-    jdt = cases.dtype_info(dt)[0]
-    xs, ws, _ = case.shapes()
-    pr = problems(jax.ShapeDtypeStruct(xs, jdt), jax.ShapeDtypeStruct(ws, jdt), **harness.conv_kwargs(case, dt))[op]
+    pr = floor_ab.case_problems(case, dt)[op]
     assert registry.resolve(op, pr.params, pr.dtype, pr.out_dtype).name == "xla.conv"
     why = {n: r for n, r, _ in registry.explain(op, pr.params, pr.dtype, pr.out_dtype)}
     # The first variant that applies is the one taken: the mma.sync one only where the Hopper one does not apply.
