@@ -89,7 +89,10 @@ if [[ " $steps " == *" tests "* ]]; then
 fi
 
 if [[ " $steps " == *" sanitize "* ]]; then
-  for tool in memcheck racecheck initcheck; do
+  # The three tools are independent processes, each instrumenting its own copy of the runs: they run side by
+  # side (the GPU has room for all three), and their rows come in the tools' order.
+  sanitize_one() {
+    local tool=$1 t0 rc summary dev host cases
     t0=$(date +%s)
     # memcheck and racecheck instrument only jaxconv's kernels (kns: kernel-name substring). initcheck must
     # instrument every kernel: with the filter, buffers that XLA's own kernels write look uninitialised to it
@@ -113,9 +116,16 @@ if [[ " $steps " == *" sanitize "* ]]; then
       [ $rc = 0 ] || [ "$dev" = 0 ] || grep -A1 "Uninitialized __global__" "$OUT/sanitize_$tool.log" | grep " at " | sort | uniq -c | head
     fi
     cases=$(grep -o "sanitizer cases: [0-9]* runs" "$OUT/sanitize_$tool.log" | tail -1)
-    row "$tool" "$([ $rc = 0 ] && echo ok || echo FAILED)" \
-      "${summary:-no summary}; ${cases:-no cases ran} rc=$rc ($(( $(date +%s) - t0 )) s)"
+    printf '%s\t%s\n' "$([ $rc = 0 ] && echo ok || echo FAILED)" \
+      "${summary:-no summary}; ${cases:-no cases ran} rc=$rc ($(( $(date +%s) - t0 )) s)" > "$OUT/sanitize_$tool.row"
     [ $rc = 0 ] || tail -25 "$OUT/sanitize_$tool.log"
+  }
+  for tool in memcheck racecheck initcheck; do sanitize_one "$tool" & done
+  wait
+  for tool in memcheck racecheck initcheck; do
+    status=FAILED detail="no result"
+    [ -f "$OUT/sanitize_$tool.row" ] && IFS=$'\t' read -r status detail < "$OUT/sanitize_$tool.row"
+    row "$tool" "$status" "$detail"
   done
 fi
 
