@@ -52,10 +52,21 @@ def test_every_variant_names_an_existing_file():
     assert list((ROOT / "csrc").glob(v.file)), (v.name, v.file)
 
 
+def _fnv1a_20(name):
+  h = 2166136261
+  for b in name.encode():
+    h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+  return ((h >> 20) ^ h) & 0xFFFFF
+
+
 def test_request_codes():
   codes = [registry.request_code(n) for n in ("auto", *registry.families(), *registry.variant_names())]
   assert codes[0] == 0 and len(set(codes)) == len(codes)
   assert codes[1:1 + len(registry.families())] == list(range(1, 1 + len(registry.families())))
+  # A variant's code is a function of its name alone (exported programs that force a variant carry it, and the table
+  # may be reordered): 2^16 plus the name's 32-bit FNV-1a hash folded to 20 bits.
+  for name in registry.variant_names():
+    assert registry.request_code(name) == (1 << 16) + _fnv1a_20(name), name
   with pytest.raises(ValueError, match=r"unknown algorithm 'winograd'.*python -m jaxconv.algorithms"):
     registry.request_code("winograd")
 

@@ -80,14 +80,14 @@ int64_t RequestOf(const std::string& name) {
     if (name == kFamilies[f - 1]) return f;
   }
   const int i = FindVariant(name);
-  return i < 0 ? -1 : kVariantRequestBase + i;
+  return i < 0 ? -1 : VariantCode(kTable[i].name);
 }
 
 std::string RequestName(int64_t request) {
   if (request == kRequestAuto) return "auto";
   if (request >= 1 && request <= kNumFamilies) return kFamilies[request - 1];
-  if (request >= kVariantRequestBase && request < kVariantRequestBase + kNumVariants) {
-    return kTable[request - kVariantRequestBase].name;
+  for (int i = 0; i < kNumVariants; ++i) {
+    if (request == VariantCode(kTable[i].name)) return kTable[i].name;
   }
   return {};
 }
@@ -98,7 +98,7 @@ bool Selects(int64_t request, int i) {
   if (i < 0 || i >= kNumVariants) return false;
   if (request == kRequestAuto) return true;
   if (request >= 1 && request <= kNumFamilies) return FamilySelects(kFamilies[request - 1], kTable[i]);
-  return request == kVariantRequestBase + i;
+  return request == VariantCode(kTable[i].name);
 }
 
 bool HasKernels() {

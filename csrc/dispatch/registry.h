@@ -13,9 +13,18 @@
 namespace jaxconv {
 
 // A request (ConvParams.algorithm): 0 auto; 1..NumFamilies() a family selector (its code is its position in
-// FamilyName, 1-based); kVariantRequestBase + i forces variant i.
+// FamilyName, 1-based); VariantCode(name) forces that variant.
 inline constexpr int64_t kRequestAuto = 0;
 inline constexpr int64_t kVariantRequestBase = int64_t(1) << 16;
+
+// A variant's request code: kVariantRequestBase plus the 32-bit FNV-1a hash of its name folded to 20 bits. It depends
+// on the name alone, so that exported programs that force a variant keep forcing it when the table is reordered or
+// grows (the tests check that no two names share a code).
+constexpr int64_t VariantCode(const char* name) {
+  uint32_t h = 2166136261u;
+  for (; *name != '\0'; ++name) h = (h ^ static_cast<uint8_t>(*name)) * 16777619u;
+  return kVariantRequestBase + static_cast<int64_t>(((h >> 20) ^ h) & 0xFFFFFu);
+}
 
 int NumVariants();
 const Variant& VariantAt(int i);
