@@ -53,9 +53,18 @@ def select(variants, seeds, per_seed, dtypes, scale, dev=None):
             continue
           applies = {n for n, why, _ in registry.explain(op, pr.params, pr.dtype, pr.out_dtype, dev) if not why}
           first = next((v for v in variants if v in applies), None)
-          if first:
+          if first and forward_runs(probs["fwd"], first, dev):
             out.append((f"{seed}/{i}", case, dt, op, first))
   return out
+
+
+def forward_runs(fwd, variant, dev=None) -> bool:
+  """Whether a forced variant's program can be built: a forced request is checked against its forward at trace time
+  (jaxconv/_normalize.py), and the gradients' programs trace the forward they differentiate."""
+  from jaxconv import registry
+  request = registry.op_request("fwd", variant)
+  params = fwd.spec.replace(algorithm=request).ffi_params(*fwd.nck)
+  return registry.resolve("fwd", params, fwd.dtype, fwd.out_dtype, dev).ok
 
 
 def measure(todo, budget_s, log=print):

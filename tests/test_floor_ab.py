@@ -29,6 +29,22 @@ def test_it_takes_the_floors_problems_that_a_variant_applies_to():
     why = {n: r for n, r, _ in registry.explain(op, pr.params, pr.dtype, pr.out_dtype)}
     # The first variant that applies is the one taken: the mma.sync one only where the Hopper one does not apply.
     assert why[variant] == "" and (variant == PADDED[0] or why[PADDED[0]]), (tag, dt, op, variant, why[PADDED[0]])
+    assert floor_ab.forward_runs(floor_ab.case_problems(case, dt)["fwd"], variant)
+
+
+@pytest.mark.kernels
+def test_a_gradient_whose_forward_the_variant_refuses_is_left_out():
+  """Forcing a variant checks its forward, so the timed gradient program of a problem whose forward the variant refuses
+  cannot be built: such a problem is not taken. A 1-D filter gradient of 34 taps: the mma.sync kernels take windows of up
+  to 32 taps, so they refuse the forward, while the filter gradient's problem is theirs."""
+  from jaxconv.bench.cases import Case
+  case = Case(name="wide1d", batch=2, spatial=(512,), in_channels=59, out_channels=59, filter=(34,), stride=(1,),
+              padding=((16, 17),), dilation=(1,), layout="channels_first")
+  probs = floor_ab.case_problems(case, "float32")
+  why = {op: {n: r for n, r, _ in registry.explain(op, p.params, p.dtype, p.out_dtype)} for op, p in probs.items()}
+  assert why["wgrad"][PADDED[1]] == "" and "32 taps" in why["fwd"][PADDED[1]], why
+  assert not floor_ab.forward_runs(probs["fwd"], PADDED[1])
+  assert floor_ab.forward_runs(probs["fwd"], PADDED[0]) == (why["fwd"][PADDED[0]] == "")
 
 
 @pytest.mark.kernels
