@@ -195,10 +195,27 @@ AUTO_TABLE = [
      {"fwd": "xla.conv"}, None),
     ("float64", ((2, 16, 16, 32), (3, 3, 32, 32), (1, 1), "SAME", dict(dimension_numbers=NHWC)), "float64",
      {"fwd": "xla.conv"}, None),
-    # k off the alignment: XLA's floor comes before the padded-k variants.
+    # k off the alignment: the padded Hopper kernels where their cost rule takes the problem (a window over 32+ input
+    # channels up to 2^31 multiply-adds; 16-bit filter gradients of dilated filters), else XLA's floor, which comes
+    # before the padded mma.sync kernels.
     ("odd k 64 -> 131", ((4, 28, 28, 64), (3, 3, 64, 131), (1, 1), "SAME", dict(dimension_numbers=NHWC)), "bfloat16",
-     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"},
+     {"fwd": "implicit_gemm.padded_k_sm90", "dgrad": "implicit_gemm.padded_k_sm90",
+      "wgrad": "implicit_gemm.padded_k_sm90"},
      {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"}),
+    ("odd k TF32 48 -> 45", ((8, 20, 20, 48), (3, 3, 48, 45), (1, 1), "SAME", dict(dimension_numbers=NHWC)), "float32",
+     {"fwd": "implicit_gemm.padded_k_sm90", "dgrad": "xla.conv", "wgrad": "xla.conv"}, None),
+    ("odd k past 2^31 multiply-adds", ((32, 56, 56, 128), (3, 3, 128, 131), (1, 1), "SAME",
+                                       dict(dimension_numbers=NHWC)), "bfloat16",
+     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"}, None),
+    ("odd k 1x1", ((8, 28, 28, 64), (1, 1, 64, 131), (1, 1), "VALID", dict(dimension_numbers=NHWC)), "bfloat16",
+     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"}, None),
+    ("odd k dilated, 24 channels", ((4, 26, 30, 24), (3, 3, 24, 86), (1, 1), "SAME",
+                                    dict(rhs_dilation=(2, 2), dimension_numbers=NHWC)), "bfloat16",
+     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "implicit_gemm.padded_k_sm90"},
+     {"wgrad": "xla.conv"}),
+    ("odd k dilated TF32", ((4, 26, 30, 24), (3, 3, 24, 86), (1, 1), "SAME",
+                            dict(rhs_dilation=(2, 2), dimension_numbers=NHWC)), "float32",
+     {"wgrad": "xla.conv"}, None),
 ]
 
 

@@ -127,4 +127,18 @@ inline std::string PreferTensorCores(const Problem& pr) {
   return {};
 }
 
+// The padded-k Hopper kernels against XLA's convolution, where k is off the alignment: they win on windows over 32+
+// input channels up to 2^31 multiply-adds (the staging's pad and crop are small beside the GEMM there, and cuDNN's
+// kernels for odd k are not yet at full rate), and on 16-bit filter gradients of dilated filters (cuDNN's are slow
+// at any size). 1x1 problems, fewer channels and larger problems stay with XLA, which matches or beats them there,
+// as do problems under 8 output channels, whose padded tiles would be mostly empty (none was measured).
+inline std::string PreferPaddedK(const Problem& pr) {
+  const ConvParams& p = pr.p;
+  if (p.k[0] < 8) return "auto leaves fewer than 8 output channels to XLA";
+  const bool dilated = p.rhs_dil[0] > 1 || p.rhs_dil[1] > 1 || p.rhs_dil[2] > 1;
+  if (pr.op == Op::kWgrad && DTypeBytes(pr.in) == 2 && dilated) return {};
+  if (p.c[0] >= 32 && SpatialCount(p.win) > 1 && ConvMacs(p) <= (int64_t(1) << 31)) return {};
+  return "auto leaves odd k to XLA on 1x1 windows, under 32 input channels and past 2^31 multiply-adds";
+}
+
 }  // namespace jaxconv
