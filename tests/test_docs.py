@@ -2,9 +2,10 @@
 
 The blocks of one file run in order in one namespace, as a reader would paste them into one session, in a child
 process (JAX on the CPU, a scratch working directory) so that what they set (autotune modes, jax config) stays out
-of the test process. Each block is its own test item. A block that cannot run here is marked in the markdown by an
-HTML comment on the line before its fence, `<!-- skip: REASON -->` (a GPU, the network, ...), and is reported as
-skipped with that reason. Blocks after a failing one still run, and a failure says which blocks failed before it.
+of the test process. Each block is its own test item. Markers in the markdown, an HTML comment on the line before a
+block's fence: `<!-- gpu -->` runs the block alone in its own child on the GPU where there is one (skipped elsewhere);
+`<!-- skip: REASON -->` (the network, ...) reports it as skipped with that reason. Blocks after a failing one still
+run, and a failure says which blocks failed before it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$")
 _SKIP = re.compile(r"^\s*<!--\s*skip:\s*(?P<reason>.*?)\s*-->\s*$")
-_MARKER = re.compile(r"^\s*<!--\s*skip\b")
+_GPU = re.compile(r"^\s*<!--\s*gpu\s*-->\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*(skip|gpu)\b")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Block:
   line: int      # the line of the opening fence, 1-based
   code: str
   skip: str | None  # the reason from a <!-- skip: ... --> marker, None when the block runs
+  gpu: bool = False  # marked <!-- gpu -->: runs alone, on the GPU
 
   @property
   def id(self) -> str:
@@ -53,10 +56,10 @@ def extract(text: str, name: str) -> list[Block]:
       if _MARKER.match(lines[i]):
         nxt = next((j for j in range(i + 1, len(lines)) if lines[j].strip()), None)
         fence = _FENCE.match(lines[nxt]) if nxt is not None else None
-        if not _SKIP.match(lines[i]) or not _SKIP.match(lines[i]).group("reason"):
-          raise ValueError(f"{name}:{i + 1}: a skip marker needs a reason: <!-- skip: needs a GPU -->")
+        if not _GPU.match(lines[i]) and not (_SKIP.match(lines[i]) and _SKIP.match(lines[i]).group("reason")):
+          raise ValueError(f"{name}:{i + 1}: a marker is <!-- gpu --> or <!-- skip: REASON --> with a reason")
         if fence is None or fence.group("info").split()[:1] not in (["python"], ["py"]):
-          raise ValueError(f"{name}:{i + 1}: a skip marker must stand just before a ```python block")
+          raise ValueError(f"{name}:{i + 1}: a marker must stand just before a ```python block")
       i += 1
       continue
     indent, fence, info = m.group("indent"), m.group("fence"), m.group("info").strip()
@@ -74,8 +77,9 @@ def extract(text: str, name: str) -> list[Block]:
       continue
     prev = next((j for j in range(start - 1, -1, -1) if lines[j].strip()), None)
     skip = _SKIP.match(lines[prev]) if prev is not None else None
+    gpu = prev is not None and _GPU.match(lines[prev]) is not None
     blocks.append(Block(name, start + 1, textwrap.dedent("\n".join(body)) + "\n",
-                        skip.group("reason") if skip else None))
+                        skip.group("reason") if skip else None, gpu))
   return blocks
 
 
@@ -107,9 +111,12 @@ for b in blocks:
 """
 
 
-def run_blocks(blocks: list[Block], cwd: pathlib.Path) -> dict[str, dict]:
-  """Runs the blocks (in order, one namespace) in a child Python on the CPU; {block id: result}."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
+def run_blocks(blocks: list[Block], cwd: pathlib.Path, cpu: bool = True) -> dict[str, dict]:
+  """Runs the blocks (in order, one namespace) in a child Python, on the CPU unless cpu=False (JAX's default
+  platform); {block id: result}."""
+  env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+  if cpu:
+    env["JAX_PLATFORMS"] = "cpu"
   env.pop("XLA_FLAGS", None)
   payload = json.dumps([{"id": b.id, "code": b.code} for b in blocks])
   # A hang guard only: a block that takes this long is stuck.
@@ -129,20 +136,33 @@ def run_blocks(blocks: list[Block], cwd: pathlib.Path) -> dict[str, dict]:
 
 @functools.cache
 def _file_results(file: str, scratch: str) -> dict[str, dict]:
-  blocks = [b for b in _all_blocks() if b.file == file and b.skip is None]
+  blocks = [b for b in _all_blocks() if b.file == file and b.skip is None and not b.gpu]
   return run_blocks(blocks, pathlib.Path(scratch))
 
 
 BLOCKS = _all_blocks()
 
 
+def _has_gpu() -> bool:
+  import jax
+  try:
+    return bool(jax.devices("gpu"))
+  except RuntimeError:
+    return False
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_doc_block_runs(block, tmp_path_factory):
   if block.skip is not None:
     pytest.skip(f"{block.id}: {block.skip}")
+  if block.gpu and not _has_gpu():
+    pytest.skip(f"{block.id}: needs a GPU")
   scratch = tmp_path_factory.getbasetemp() / ("docs-" + re.sub(r"\W", "_", block.file))
   scratch.mkdir(exist_ok=True)
-  result = _file_results(block.file, str(scratch))[block.id]
+  if block.gpu:
+    result = run_blocks([block], scratch, cpu=False)[block.id]
+  else:
+    result = _file_results(block.file, str(scratch))[block.id]
   if not result["ok"]:
     pytest.fail(f"{block.id} failed:\n{result['error']}\n--- the block ---\n{block.code}", pytrace=False)
 
@@ -166,7 +186,12 @@ Some text.
 echo not python
 ```
 
-<!-- skip: needs a GPU -->
+<!-- skip: needs the network -->
+```python
+import urllib.request; urllib.request.urlopen("https://example.com")
+```
+
+<!-- gpu -->
 ```python
 import jax; jax.devices("gpu")
 ```
@@ -181,23 +206,24 @@ import jax; jax.devices("gpu")
 
 def test_extract_finds_python_blocks_markers_and_lines():
   blocks = extract(_SAMPLE, "sample.md")
-  assert [(b.line, b.skip) for b in blocks] == [(3, None), (14, "needs a GPU"), (20, None)]
-  assert blocks[0].code == "x = 2\n" and blocks[2].code == "y = x * 21\n"
+  assert [(b.line, b.skip, b.gpu) for b in blocks] == [(3, None, False), (14, "needs the network", False),
+                                                       (19, None, True), (25, None, False)]
+  assert blocks[0].code == "x = 2\n" and blocks[3].code == "y = x * 21\n"
 
 
 @pytest.mark.parametrize("bad", ["<!-- skip -->\n```python\npass\n```\n", "<!-- skip: -->\n```python\npass\n```\n",
-                                 "<!-- skip: gpu -->\n```bash\nls\n```\n"])
+                                 "<!-- skip: gpu -->\n```bash\nls\n```\n", "<!-- gpu -->\n```bash\nls\n```\n"])
 def test_a_marker_without_a_reason_or_a_python_block_is_an_error(bad):
   with pytest.raises(ValueError, match="sample.md:1"):
     extract(bad, "sample.md")
 
 
 def test_the_runner_shares_one_namespace_and_reports_failures(tmp_path):
-  blocks = [b for b in extract(_SAMPLE, "sample.md") if b.skip is None]
+  blocks = [b for b in extract(_SAMPLE, "sample.md") if b.skip is None and not b.gpu]
   blocks.append(Block("sample.md", 30, "assert y == 41, y\n", None))
   blocks.append(Block("sample.md", 40, "print({'z': 1})\n", None))  # output that looks like the report's
   results = run_blocks(blocks, tmp_path)
-  assert results["sample.md:3"]["ok"] and results["sample.md:20"]["ok"]
+  assert results["sample.md:3"]["ok"] and results["sample.md:25"]["ok"]
   assert not results["sample.md:30"]["ok"] and "AssertionError: 42" in results["sample.md:30"]["error"]
   assert results["sample.md:40"]["ok"]  # the blocks after a failure still run
   blocks.append(Block("sample.md", 50, "print(undefined_name)\n", None))
