@@ -22,22 +22,10 @@ import sys
 import time
 
 
-def case_problems(case, dtype) -> dict:
-  """{op: jaxconv.algorithms.Problem} of a bench case at a suite dtype name, as its lowering sees them."""
-  import jax
-
-  from jaxconv.algorithms import problems
-  from jaxconv.bench import cases as _cases
-  from jaxconv.bench import harness
-  jdt = _cases.dtype_info(dtype)[0]
-  xs, ws, _ = case.shapes()
-  return problems(jax.ShapeDtypeStruct(xs, jdt), jax.ShapeDtypeStruct(ws, jdt), **harness.conv_kwargs(case, dtype))
-
-
 def select(variants, seeds, per_seed, dtypes, scale, dev=None):
   """[(tag, case, dtype, op, variant)] of the draws whose auto choice is xla.conv and that a variant applies to."""
   from jaxconv import registry
-  from jaxconv.bench import sweep
+  from jaxconv.bench import harness, sweep
   from jaxconv.primitives.lowering import XLA_VARIANT
   out = []
   for seed in seeds:
@@ -45,7 +33,7 @@ def select(variants, seeds, per_seed, dtypes, scale, dev=None):
       case = sweep.draw_case(seed, i, scale)
       for dt in dtypes:
         try:
-          probs = case_problems(case, dt)
+          probs = harness.case_problems(case, dt)
         except (TypeError, ValueError):  # a dtype the case cannot take (the sweep skips these too)
           continue
         for op, pr in probs.items():

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from jaxconv import registry
+from jaxconv.bench import harness
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import floor_ab  # noqa: E402
@@ -24,12 +25,12 @@ def test_it_takes_the_floors_problems_that_a_variant_applies_to():
   assert len({t[0] for t in todo}) >= 3  # several cases of the draw have k off the alignment
   assert {t[4] for t in todo} == set(PADDED)
   for tag, case, dt, op, variant in todo:
-    pr = floor_ab.case_problems(case, dt)[op]
+    pr = harness.case_problems(case, dt)[op]
     assert registry.resolve(op, pr.params, pr.dtype, pr.out_dtype).name == "xla.conv"
     why = {n: r for n, r, _ in registry.explain(op, pr.params, pr.dtype, pr.out_dtype)}
     # The first variant that applies is the one taken: the mma.sync one only where the Hopper one does not apply.
     assert why[variant] == "" and (variant == PADDED[0] or why[PADDED[0]]), (tag, dt, op, variant, why[PADDED[0]])
-    assert floor_ab.forward_runs(floor_ab.case_problems(case, dt)["fwd"], variant)
+    assert floor_ab.forward_runs(harness.case_problems(case, dt)["fwd"], variant)
 
 
 @pytest.mark.kernels
@@ -40,7 +41,7 @@ def test_a_gradient_whose_forward_the_variant_refuses_is_left_out():
   from jaxconv.bench.cases import Case
   case = Case(name="wide1d", batch=2, spatial=(512,), in_channels=59, out_channels=59, filter=(34,), stride=(1,),
               padding=((16, 17),), dilation=(1,), layout="channels_first")
-  probs = floor_ab.case_problems(case, "float32")
+  probs = harness.case_problems(case, "float32")
   why = {op: {n: r for n, r, _ in registry.explain(op, p.params, p.dtype, p.out_dtype)} for op, p in probs.items()}
   assert why["wgrad"][PADDED[1]] == "" and "32 taps" in why["fwd"][PADDED[1]], why
   assert not floor_ab.forward_runs(probs["fwd"], PADDED[1])

@@ -169,6 +169,7 @@ def test_a_tiny_sweep_runs_end_to_end_on_the_cpu(tmp_path):
       assert lx > 0 and jc > 0 and m["ratio"] == pytest.approx(lx / jc)
       assert len(m["impls"]["lax"]["samples_s"]) == m["repeats"] == 3
       assert not m["mismatch"] and m["rel_err"] < 1e-2
+      assert m["variants"] is None  # the CPU handlers have one kernel set: no variant to record
       ratios.setdefault(m["dtype"], []).append(m["ratio"])
   for dt, v in ratios.items():
     s = res["summary"][f"{dt} fwd+bwd"]
@@ -189,6 +190,21 @@ def test_a_tiny_sweep_runs_end_to_end_on_the_cpu(tmp_path):
                           check=True).stdout
   worst = min((m["ratio"], c["config"]["spec"]) for c in res["cases"] for m in c["measurements"])
   assert worst[1] in listed
+
+
+@pytest.mark.kernels
+def test_measurements_name_the_variants_auto_runs_on_a_gpu():
+  """On a GPU each measurement records what auto runs per op (the lowering's choice), and the worst-case table shows
+  it; the CUDA build answers for a default Hopper here."""
+  from jaxconv.bench import cases, sweep_report
+  resnet = cases.parse_case_spec("8:56x56:64->64:3x3:p1x1", [])
+  grouped = cases.parse_case_spec("4:28x28:256->256:3x3:p1x1:g32", [])
+  got = sweep_run.variants_of(resnet, "bfloat16", "fwd+bwd", gpu=True)
+  assert got == dict.fromkeys(("fwd", "dgrad", "wgrad"), "implicit_gemm.sm90"), got
+  assert sweep_run.variants_of(grouped, "bfloat16", "wgrad", gpu=True) == {"wgrad": "xla.conv"}
+  assert sweep_run.variants_of(resnet, "bfloat16", "fwd+bwd", gpu=False) is None
+  cell = sweep_report.variants_cell({"fwd": "implicit_gemm.sm90", "dgrad": "xla.conv"})
+  assert cell == "fwd implicit_gemm.sm90, dgrad xla.conv" and sweep_report.variants_cell(None) == "-"
 
 
 def test_programs_with_xla_convolutions_compile_after_lax_on_its_thread(monkeypatch):

@@ -72,6 +72,41 @@ def conv_kwargs(case, dtype) -> dict:
                 batch_group_count=case.batch_groups, precision=_precision(prec_name))
 
 
+def case_problems(case, dtype) -> dict:
+    """{op: jaxconv.algorithms.Problem} of a case at a suite dtype name, as its lowering sees them (an op with no
+    work has no entry)."""
+    import jax
+
+    from jaxconv.algorithms import problems
+    jdt = _cases.dtype_info(dtype)[0]
+    xs, ws, _ = case.shapes()
+    return problems(jax.ShapeDtypeStruct(xs, jdt), jax.ShapeDtypeStruct(ws, jdt), **conv_kwargs(case, dtype))
+
+
+def auto_variants(case, dtype, ops=("fwd", "dgrad", "wgrad"), gpu=None) -> dict | None:
+    """{op: the variant auto runs} for a case at a suite dtype name: the CUDA lowering's choice (autotune cache
+    included), xla.conv where XLA's convolution runs. None off the GPU (gpu=None asks JAX; gpu=True answers for the
+    registry's device, a default Hopper on a machine without one), where the CPU handlers have one kernel set."""
+    import jax
+
+    from jaxconv import registry
+    if gpu is None:
+        gpu = jax.default_backend() == "gpu"
+    if not gpu or not registry.has_kernels():
+        return None
+    from jaxconv.primitives.lowering import choose
+    probs = case_problems(case, dtype)
+    out = {}
+    for op in ops:
+        p = probs.get(op)
+        if p is not None:
+            try:
+                out[op] = choose(op, p.spec, p.nck, p.dtype, p.out_dtype).name
+            except ValueError as e:  # nothing runs it: the measurement reports the lowering's error
+                out[op] = f"none: {e}"
+    return out
+
+
 def make_op(conv, case, dtype, op):
     """Returns f(x, w, dy) -> tuple of outputs for one input set. dgrad/wgrad/fwd+bwd are pieces of jax.vjp of
     the implementation itself, so both sides compute the same thing through their own differentiation rules."""

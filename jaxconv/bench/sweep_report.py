@@ -123,6 +123,14 @@ def summary_table(summary) -> list:
     return L
 
 
+def variants_cell(variants) -> str:
+    """The variants a measurement's ops ran, for a table cell: "fwd implicit_gemm.sm90, dgrad xla.conv"; "-" when not
+    recorded (off the GPU)."""
+    if not variants:
+        return "-"
+    return ", ".join(f"{op} {name}" for op, name in variants.items())
+
+
 def write_markdown(path, meta, records, summary, recheck):
     seed, scale = meta["seed"], meta["scale"]
     L = [f"# jaxconv random sweep: seed {seed}, {n_cases_label(meta)}, {meta.get('device_kind')} "
@@ -153,8 +161,8 @@ def write_markdown(path, meta, records, summary, recheck):
             L.append(f"| {c['name']} | {c['dtype']} {c['op']} | {_f(c['ratio'])} | {_f(c.get('ratio_again'))} | "
                      f"{_f(c.get('again_over_first'))} |")
     L += ["", f"## The {WORST} lowest ratios", "",
-          "| # | lax/jc [range] | dtype op | lax µs | jaxconv µs | case | kind | layout | config |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          "| # | lax/jc [range] | dtype op | lax µs | jaxconv µs | case | kind | layout | config | auto runs |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     worst_list = worst(records)
     for n, (r, m) in enumerate(worst_list, 1):
         rr = m.get("ratio_range")
@@ -165,7 +173,7 @@ def write_markdown(path, meta, records, summary, recheck):
                  f"{_us(m['impls']['lax'].get('time_s'))} | {_us(m['impls']['jaxconv'].get('time_s'))} | "
                  f"{r['name']} | {r['config']['kind']} | "
                  f"{'NC..' if r['config']['layout'] == 'channels_first' else 'N..C'} | `{r['config']['spec']}` "
-                 f"(padding {r['config']['padding_mode']}) |")
+                 f"(padding {r['config']['padding_mode']}) | {variants_cell(m.get('variants'))} |")
     if worst_list:
         L += ["", "Replay one alone (the sweep's method; add `--out DIR`), or through the T-slope harness:", "", "```"]
         for n, (r, m) in enumerate(worst_list, 1):

@@ -10,6 +10,7 @@ import time
 
 from . import cases as _cases
 from . import device as _device
+from . import harness as _harness
 from . import sweep as _sweep
 from . import sweep_report as _report
 from . import sweep_timing as _timing
@@ -33,6 +34,16 @@ def _fmt_measurement(m):
     lx, jc = m["impls"]["lax"]["time_s"], m["impls"]["jaxconv"]["time_s"]
     s = f"{m['dtype']} {m['op']} lax {lx * 1e6:.4g} jc {jc * 1e6:.4g} µs -> {r:.3g}"
     return s + (" (outputs differ)" if m.get("mismatch") else "")
+
+
+def variants_of(case, dtype, op, gpu=None):
+    """{op: the variant auto runs} for one measurement (fwd+bwd: all three ops); None off the GPU or where the case
+    has no problem at that dtype (gpu: as harness.auto_variants)."""
+    ops = ("fwd", "dgrad", "wgrad") if op == "fwd+bwd" else (op,)
+    try:
+        return _harness.auto_variants(case, dtype, ops, gpu=gpu)
+    except (TypeError, ValueError):
+        return None
 
 
 class _Clock:
@@ -127,7 +138,7 @@ def run(args, argv) -> int:
                 scale_bounds=vars(_sweep.SCALES[scale]), distribution_version=_sweep.DISTRIBUTION_VERSION,
                 dtypes=list(dtypes), ops=list(ops), budget_s=budget, repeats=repeats, recheck=recheck_k,
                 round_budget_s=ROUND_BUDGET_S, compiler_options=compiler_options, method=_report.METHOD,
-                kernel_variant="not recorded: jaxconv picks its algorithm in the native handler at run time")
+                kernel_variant="per measurement, 'variants': the variant auto runs for each op (GPU only)")
     _log(f"[jaxconv.bench] sweep seed {args.seed}: {_report.n_cases_label(meta)}, scale {scale}, {meta['device_kind']} "
          f"({meta['platform']}), jax {meta['jax']}; dtypes {','.join(dtypes)}; ops {','.join(ops)}; "
          f"budget {budget:g} s")
@@ -149,6 +160,8 @@ def run(args, argv) -> int:
         t_case = time.perf_counter()
         try:
             rec["measurements"] = measure_case(i, case, dtypes, ops, repeats, compiler_options, clock, f"sweep{i}")
+            for m in rec["measurements"]:
+                m["variants"] = variants_of(case, m["dtype"], m["op"])
         except Exception as e:  # one broken case must not end the sweep: each of its measurements fails
             err = f"{type(e).__name__}: {str(e)[:400]}"
             rec["measurements"] = [dict(dtype=dt, op=op, impls={}, error=err) for dt in dtypes for op in ops]
