@@ -114,7 +114,8 @@ for b in blocks:
 def run_blocks(blocks: list[Block], cwd: pathlib.Path, cpu: bool = True) -> dict[str, dict]:
   """Runs the blocks (in order, one namespace) in a child Python, on the CPU unless cpu=False (JAX's default
   platform); {block id: result}."""
-  env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+  # The autotune cache in the scratch directory: a block that tunes must not write the user's cache.
+  env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", JAXCONV_CACHE_DIR=str(cwd))
   if cpu:
     env["JAX_PLATFORMS"] = "cpu"
   env.pop("XLA_FLAGS", None)
