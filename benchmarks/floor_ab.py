@@ -48,11 +48,14 @@ def select(variants, seeds, per_seed, dtypes, scale, dev=None):
 
 def forward_runs(fwd, variant, dev=None) -> bool:
   """Whether a forced variant's program can be built: a forced request is checked against its forward at trace time
-  (jaxconv/_normalize.py), and the gradients' programs trace the forward they differentiate."""
-  from jaxconv import registry
-  request = registry.op_request("fwd", variant)
-  params = fwd.spec.replace(algorithm=request).ffi_params(*fwd.nck)
-  return registry.resolve("fwd", params, fwd.dtype, fwd.out_dtype, dev).ok
+  (jaxconv/_normalize.py), and the gradients' programs trace the forward they differentiate. The lowering's own
+  choice of the forced forward answers it."""
+  from jaxconv.primitives.lowering import choose
+  try:
+    choose("fwd", fwd.spec.replace(algorithm=variant), fwd.nck, fwd.dtype, fwd.out_dtype, dev)
+  except ValueError:
+    return False
+  return True
 
 
 def measure(todo, budget_s, log=print):

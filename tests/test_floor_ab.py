@@ -25,12 +25,13 @@ def test_it_takes_the_floors_problems_that_a_variant_applies_to():
   assert len({t[0] for t in todo}) >= 3  # several cases of the draw have k off the alignment
   assert {t[4] for t in todo} == set(PADDED)
   for tag, case, dt, op, variant in todo:
-    pr = harness.case_problems(case, dt)[op]
+    probs = harness.case_problems(case, dt)
+    pr = probs[op]
     assert registry.resolve(op, pr.params, pr.dtype, pr.out_dtype).name == "xla.conv"
     why = {n: r for n, r, _ in registry.explain(op, pr.params, pr.dtype, pr.out_dtype)}
     # The first variant that applies is the one taken: the mma.sync one only where the Hopper one does not apply.
     assert why[variant] == "" and (variant == PADDED[0] or why[PADDED[0]]), (tag, dt, op, variant, why[PADDED[0]])
-    assert floor_ab.forward_runs(harness.case_problems(case, dt)["fwd"], variant)
+    assert floor_ab.forward_runs(probs["fwd"], variant)
 
 
 @pytest.mark.kernels
