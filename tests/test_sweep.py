@@ -152,7 +152,10 @@ def _tiny_sweep(out, *extra):
                         timeout=600)
 
 
-def test_a_tiny_sweep_runs_end_to_end_on_the_cpu(tmp_path):
+def test_a_tiny_sweep_runs_end_to_end(tmp_path):
+  """On the default backend, as the subprocess sees it: the CPU here, the GPU on the device machine."""
+  from jaxconv import registry
+  on_gpu = jax.default_backend() == "gpu"
   proc = _tiny_sweep(tmp_path)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
   res = json.loads((tmp_path / "results.json").read_text())
@@ -169,7 +172,11 @@ def test_a_tiny_sweep_runs_end_to_end_on_the_cpu(tmp_path):
       assert lx > 0 and jc > 0 and m["ratio"] == pytest.approx(lx / jc)
       assert len(m["impls"]["lax"]["samples_s"]) == m["repeats"] == 3
       assert not m["mismatch"] and m["rel_err"] < 1e-2
-      assert m["variants"] is None  # the CPU handlers have one kernel set: no variant to record
+      if on_gpu:  # the lowering's choice per op: a registry variant or XLA's floor
+        assert set(m["variants"]) == {"fwd", "dgrad", "wgrad"}
+        assert set(m["variants"].values()) <= set(registry.variant_names()), m["variants"]
+      else:
+        assert m["variants"] is None  # the CPU handlers have one kernel set: no variant to record
       ratios.setdefault(m["dtype"], []).append(m["ratio"])
   for dt, v in ratios.items():
     s = res["summary"][f"{dt} fwd+bwd"]
