@@ -103,11 +103,19 @@ if [[ " $steps " == *" sanitize "* ]]; then
     # Command buffers off so every launch is a plain one the tool can follow. XLA's autotuning off: the tools check
     # jaxconv's kernels, and profiling dozens of cuDNN candidates under memcheck and racecheck faulted inside the
     # tool (a 3-D float32 filter gradient's candidates); cuDNN's heuristic choice still runs.
-    XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0" \
-      timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${filter[@]}" \
-      $PY benchmarks/sanitizer_cases.py "${SANITIZE_CASES:-}" > "$OUT/sanitize_$tool.log" 2>&1
-    rc=$?
-    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)
+    local attempt crashed=""
+    for attempt in 1 2; do
+      XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0" \
+        timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${filter[@]}" \
+        $PY benchmarks/sanitizer_cases.py "${SANITIZE_CASES:-}" > "$OUT/sanitize_$tool.log" 2>&1
+      rc=$?
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)
+      # Killed by a signal before the tool's summary (rc 128+, not the timeout's 124): the tool or the process
+      # crashed, which is not a finding. Run it once more and say so in the row; a second crash fails.
+      [ $rc -gt 128 ] && [ -z "$summary" ] && [ $attempt = 1 ] || break
+      cp "$OUT/sanitize_$tool.log" "$OUT/sanitize_$tool.crash.log"
+      crashed="crashed once (rc=$rc after $(( $(date +%s) - t0 )) s, sanitize_$tool.crash.log), then: "
+    done
     if [ "$tool" = initcheck ]; then
       dev=$(grep -c "Uninitialized __global__" "$OUT/sanitize_$tool.log")
       host=$(grep -c "Host API memory access error" "$OUT/sanitize_$tool.log")
@@ -117,7 +125,7 @@ if [[ " $steps " == *" sanitize "* ]]; then
     fi
     cases=$(grep -o "sanitizer cases: [0-9]* runs" "$OUT/sanitize_$tool.log" | tail -1)
     printf '%s\t%s\n' "$([ $rc = 0 ] && echo ok || echo FAILED)" \
-      "${summary:-no summary}; ${cases:-no cases ran} rc=$rc ($(( $(date +%s) - t0 )) s)" > "$OUT/sanitize_$tool.row"
+      "$crashed${summary:-no summary}; ${cases:-no cases ran} rc=$rc ($(( $(date +%s) - t0 )) s)" > "$OUT/sanitize_$tool.row"
     [ $rc = 0 ] || tail -25 "$OUT/sanitize_$tool.log"
   }
   for tool in memcheck racecheck initcheck; do sanitize_one "$tool" & done
