@@ -1,5 +1,5 @@
 """Times every kernel variant that applies to each op of suite cases (jaxconv.autotune) and prints one table: the
-data behind the registry's order and cost rules (csrc/dispatch/variants.def, rules.h).
+data behind the registry's order and cost rules (csrc/dispatch/variants.def, cost_rules.cc).
 
     python benchmarks/algorithm_survey.py --filter 'resnet50_.*_b32' --dtypes bfloat16 --out survey.json
 

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "dispatch/rules.h"
+#include "dispatch/cost_rules.h"
 
 namespace jaxconv {
 

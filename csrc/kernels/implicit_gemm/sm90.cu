@@ -4,6 +4,7 @@
 // sm90_wgrad.cu and sm90_scatter.cu. Without sm_90a code in the build every entry point refuses every problem.
 #include <string>
 
+#include "dispatch/cost_rules.h"
 #include "dispatch/rules.h"
 #include "kernels/implicit_gemm/family.h"
 #include "kernels/implicit_gemm/sm90_common.cuh"
