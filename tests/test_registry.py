@@ -178,6 +178,19 @@ AUTO_TABLE = [
     ("ConvNeXt depthwise 7x7", ((4, 28, 28, 96), (7, 7, 1, 96), (1, 1), "SAME",
                                 dict(feature_group_count=96, dimension_numbers=NHWC)), "bfloat16",
      {"fwd": "depthwise.mma", "dgrad": "depthwise.mma", "wgrad": "depthwise.mma"}, None),
+    # Depthwise channels off the 16-byte vector: the general depthwise kernels' cost rule leaves them to XLA; with
+    # aligned channels they keep what the vector kernels do not take (here a dilated window).
+    ("depthwise, odd channels", ((8, 56, 56, 89), (3, 3, 1, 89), (1, 1), "SAME",
+                                 dict(feature_group_count=89, dimension_numbers=NHWC)), "bfloat16",
+     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"},
+     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"}),
+    ("depthwise, odd channels, stride 2", ((4, 64, 47, 45), (3, 3, 1, 45), (2, 2), "VALID",
+                                           dict(feature_group_count=45, dimension_numbers=NHWC)), "float32",
+     {"fwd": "xla.conv", "dgrad": "xla.conv", "wgrad": "xla.conv"}, None),
+    ("depthwise dilated, 512 channels", ((8, 12, 12, 512), (3, 4, 1, 512), (1, 1), ((2, 2), (3, 3)),
+                                         dict(rhs_dilation=(2, 2), feature_group_count=512,
+                                              dimension_numbers=NHWC)), "bfloat16",
+     {"fwd": "depthwise.tiled", "dgrad": "depthwise.tiled", "wgrad": "depthwise.vec"}, None),
     # 3-D float32 (TF32): the forward and the data gradient on the Hopper forward kernels (the data gradient with
     # the flipped filter), the filter gradient left to XLA; the mma.sync kernels take no 3-D problem.
     ("C3D 3x3x3 64 -> 64", ((2, 8, 16, 16, 64), (3, 3, 3, 64, 64), (1, 1, 1), "SAME",

@@ -40,4 +40,13 @@ std::string PreferPaddedK(const Problem& pr) {
   return "auto leaves odd k to XLA on 1x1 windows, under 32 input channels and past 2^31 multiply-adds";
 }
 
+// The general depthwise kernels (shared-memory tiles, per-element gathers) against XLA's convolution: measured on
+// random problems, with channels off the 16-byte vector they access channels one element at a time and ran several
+// times slower than XLA in every op, while with aligned channels (dilated or strided windows the vector kernels do
+// not take) they beat it.
+std::string PreferDepthwiseVectors(const Problem& pr) {
+  if (pr.p.c[0] * DTypeBytes(pr.in) % 16 == 0) return {};
+  return "auto leaves depthwise channels off the 16-byte vector to XLA";
+}
+
 }  // namespace jaxconv

@@ -15,5 +15,7 @@ std::string PreferLongWindow(const Problem& pr);
 std::string PreferTensorCores(const Problem& pr);
 // implicit_gemm.padded_k_sm90 against XLA's convolution.
 std::string PreferPaddedK(const Problem& pr);
+// depthwise.tiled and depthwise.gather against XLA's convolution.
+std::string PreferDepthwiseVectors(const Problem& pr);
 
 }  // namespace jaxconv
