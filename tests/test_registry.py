@@ -277,6 +277,33 @@ def test_the_variant_auto_picks(what, args, dtype, hopper, ampere):
                                                                                  p.out_dtype, dev) if not r[1]])
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("dtype,c", [("bfloat16", 89), ("float32", 45), ("bfloat16", 96)])
+def test_the_depthwise_cost_rule_binds_auto_only(dtype, c):
+  """Depthwise channels off the 16-byte vector: auto passes the general depthwise kernels over (their cost rule), while
+  algorithm="depthwise" still runs them; with aligned channels the rule takes them (here for a dilated window, which
+  the vector kernels' forward does not take)."""
+  x, w = jax.ShapeDtypeStruct((4, 20, 23, c), dtype), jax.ShapeDtypeStruct((3, 3, 1, c), dtype)
+  with cu.enable_x64():
+    probs = jaxconv.algorithms.problems(x, w, (1, 1), "SAME", rhs_dilation=(2, 2), feature_group_count=c,
+                                        dimension_numbers=NHWC)
+  aligned, general = c * np.dtype(dtype).itemsize % 16 == 0, 0
+  for op in ("fwd", "dgrad", "wgrad"):
+    p = probs[op]
+    forced = registry.resolve(op, p.spec.replace(algorithm="depthwise").ffi_params(*p.nck), p.dtype, p.out_dtype,
+                              HOPPER)
+    auto = registry.resolve(op, p.params, p.dtype, p.out_dtype, HOPPER)
+    why = {n: (r, pref) for n, r, pref in registry.explain(op, p.params, p.dtype, p.out_dtype, HOPPER)}
+    if forced.name in ("depthwise.tiled", "depthwise.gather"):
+      general += 1
+      assert why[forced.name][0] == ""  # it applies: only the rule can pass it over
+      assert (auto.name == forced.name) == aligned, (op, forced, auto, why[forced.name])
+      assert ("16-byte vector" in why[forced.name][1]) == (not aligned), why[forced.name]
+    if not aligned:
+      assert auto.name == "xla.conv", (op, auto)
+  assert general >= 2  # the dilated window keeps the forward and the data gradient off the vector kernels
+
+
 # ---- on a GPU: each variant forced on its cases -------------------------------------------------------------------
 
 def _variants_in(text):
