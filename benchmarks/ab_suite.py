@@ -14,8 +14,8 @@ time between in-stream marks, median of rounds). Where that is under --kernel-ti
 pass also records the device busy time of the program's kernels under jax.profiler (median of 5 calls): marks
 around a few microseconds of work also time the gaps between launches, which vary from process to process.
 `compare` pairs the passes in order (A1 with B1, A2 with B2, ...), takes each measurement's median B/A time ratio
-over the pairs (of the kernel times where every pass has them, else of the marked spans), and A's spread (A1
-against A2, and A's rounds within a pass) as its noise; it lists the measurements slower than --limit beyond that
+over the pairs (of the kernel times, over the pairs that have them on both sides, where any pair does; else of the
+marked spans), and A's spread (A1 against A2, and A's rounds within a pass) as its noise; it lists the measurements slower than --limit beyond that
 noise and exits 1 when there are any.
 """
 from __future__ import annotations
@@ -87,13 +87,20 @@ def compare(passes, limit):
   keys = sorted(set.intersection(*(set(p["measurements"]) for p in passes)))
   rows, spreads = [], []
   for k in keys:
-    by_kernels = all(p["measurements"][k].get("kernel") for p in passes)
-    field = "kernel" if by_kernels else "jaxconv"
-    ta = [p["measurements"][k].get(field) for p in a]
-    tb = [p["measurements"][k].get(field) for p in b]
-    if any(t is None or t <= 0 for t in ta + tb):
-      continue
-    ratio = statistics.median(y / x for x, y in zip(ta, tb))
+    # A pass records kernel times only where its own marked span was short, so a row near that bound has them in
+    # some passes: the pairs that have them on both sides decide, and A's kernel times give the noise.
+    kern = [(x["measurements"][k].get("kernel"), y["measurements"][k].get("kernel")) for x, y in zip(a, b)]
+    kern = [(x, y) for x, y in kern if x and y and x > 0 and y > 0]
+    by_kernels = bool(kern)
+    if by_kernels:
+      pairs = kern
+      ta = [t for t in (p["measurements"][k].get("kernel") for p in a) if t and t > 0]
+    else:
+      pairs = [(x["measurements"][k].get("jaxconv"), y["measurements"][k].get("jaxconv")) for x, y in zip(a, b)]
+      if any(t is None or t <= 0 for pair in pairs for t in pair):
+        continue
+      ta = [x for x, _ in pairs]
+    ratio = statistics.median(y / x for x, y in pairs)
     within = [0.0 if by_kernels else p["measurements"][k].get("spread") or 0.0 for p in a]
     spread = max(max(ta) / min(ta) - 1.0, statistics.median(within))
     spreads.append(spread)

@@ -18,20 +18,27 @@ def _pass(times):
                            for k, (span, kern, spread) in times.items()}}
 
 
-def test_compare_prefers_kernel_times_where_every_pass_has_them():
-  a1 = _pass({"tiny": (4e-6, 3.0e-6, 0.1), "big": (100e-6, None, 0.01), "mixed": (4e-6, 3.0e-6, 0.1)})
-  b1 = _pass({"tiny": (9e-6, 3.0e-6, 0.1), "big": (110e-6, None, 0.01), "mixed": (9e-6, None, 0.1)})
-  a2 = _pass({"tiny": (5e-6, 3.1e-6, 0.1), "big": (101e-6, None, 0.01), "mixed": (5e-6, 3.1e-6, 0.1)})
-  b2 = _pass({"tiny": (8e-6, 3.1e-6, 0.1), "big": (112e-6, None, 0.01), "mixed": (8e-6, 3.1e-6, 0.1)})
+def test_compare_prefers_kernel_times_over_the_pairs_that_have_them():
+  a1 = _pass({"tiny": (4e-6, 3.0e-6, 0.1), "big": (100e-6, None, 0.01), "mixed": (4e-6, 3.0e-6, 0.1),
+              "crossed": (4e-6, 3.0e-6, 0.1)})
+  b1 = _pass({"tiny": (9e-6, 3.0e-6, 0.1), "big": (110e-6, None, 0.01), "mixed": (25e-6, None, 0.1),
+              "crossed": (9e-6, None, 0.1)})
+  a2 = _pass({"tiny": (5e-6, 3.1e-6, 0.1), "big": (101e-6, None, 0.01), "mixed": (5e-6, 3.1e-6, 0.1),
+              "crossed": (5e-6, None, 0.1)})
+  b2 = _pass({"tiny": (8e-6, 3.1e-6, 0.1), "big": (112e-6, None, 0.01), "mixed": (8e-6, 3.2e-6, 0.1),
+              "crossed": (8e-6, 3.1e-6, 0.1)})
   rows, _ = ab_suite.compare([a1, b1, a2, b2], 1.03)
   by_key = {k: (ratio, spread, kern) for k, ratio, spread, kern in rows}
   # The launch gaps in the marked spans doubled "tiny"; its kernels took the same time in every pass.
   assert by_key["tiny"][0] == pytest.approx(1.0) and by_key["tiny"][2] is True
   assert by_key["tiny"][1] == pytest.approx(3.1 / 3.0 - 1.0)  # A/A across passes only
-  # One pass without a kernel time: the marked spans decide, their rounds' spread counts.
-  assert by_key["mixed"][2] is False and by_key["mixed"][0] == pytest.approx((9 / 4 + 8 / 5) / 2)
+  # A pass whose span passed the recording bound has no kernel time: the pair that has them on both sides decides.
+  assert by_key["mixed"][2] is True and by_key["mixed"][0] == pytest.approx(3.2 / 3.1)
+  assert by_key["mixed"][1] == pytest.approx(3.1 / 3.0 - 1.0)
+  # No pair with kernel times on both sides: the marked spans decide, their rounds' spread counts.
+  assert by_key["crossed"][2] is False and by_key["crossed"][0] == pytest.approx((9 / 4 + 8 / 5) / 2)
   assert by_key["big"][2] is False and by_key["big"][0] == pytest.approx((1.10 + 112 / 101) / 2)
-  assert [k for k, *_ in rows] == ["mixed", "big", "tiny"]  # worst first
+  assert [k for k, *_ in rows] == ["crossed", "big", "mixed", "tiny"]  # worst first
 
 
 def test_compare_command_flags_only_slowdowns_beyond_the_noise(tmp_path, capsys):
