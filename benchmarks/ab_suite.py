@@ -15,8 +15,8 @@ pass also records the device busy time of the program's kernels under jax.profil
 around a few microseconds of work also time the gaps between launches, which vary from process to process.
 `compare` pairs the passes in order (A1 with B1, A2 with B2, ...), takes each measurement's median B/A time ratio
 over the pairs (of the kernel times, over the pairs that have them on both sides, where any pair does; else of the
-marked spans), and A's spread (A1 against A2, and A's rounds within a pass) as its noise; it lists the measurements slower than --limit beyond that
-noise and exits 1 when there are any.
+marked spans), and A's spread (A1 against A2, and A's rounds within a pass) as its noise; it lists the measurements
+slower than --limit beyond that noise and exits 1 when there are any.
 """
 from __future__ import annotations
 

@@ -56,9 +56,9 @@ def test_without_a_filter_every_problem_times_each_candidate_in_the_tables_order
 
 @pytest.mark.kernels
 def test_a_gradient_whose_forward_the_variant_refuses_is_left_out():
-  """Forcing a variant checks its forward, so the timed gradient program of a problem whose forward the variant refuses
-  cannot be built: such a problem is not taken. A 1-D filter gradient of 34 taps: the mma.sync kernels take windows of up
-  to 32 taps, so they refuse the forward, while the filter gradient's problem is theirs."""
+  """Forcing a variant checks its forward, so the timed gradient program of a problem whose forward the variant
+  refuses cannot be built: such a problem is not taken. A 1-D filter gradient of 34 taps: the mma.sync kernels take
+  windows of up to 32 taps, so they refuse the forward, while the filter gradient's problem is theirs."""
   from jaxconv.bench.cases import Case
   case = Case(name="wide1d", batch=2, spatial=(512,), in_channels=59, out_channels=59, filter=(34,), stride=(1,),
               padding=((16, 17),), dilation=(1,), layout="channels_first")
